@@ -1,0 +1,116 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPPScheduler's chunk sizing, driven through its vLLM hook without an engine.
+
+The engine-level behaviour (same greedy tokens as plain vLLM, prefix caching, preemption) is in
+test_cpp_engine.py; here a bare scheduler object runs the hook step by step, as vLLM's schedule()
+would, to check the policy itself.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_omni.cpp.chunking import balance
+from vllm_omni.cpp.config import CPPConfig
+from vllm_omni.cpp.cost_model import CostModel
+from vllm_omni.cpp.scheduler import CPPScheduler
+
+from .test_cost_model import SMALL as SHAPE  # the tiny 8-layer Llama
+
+TOKEN_BUDGET = 8192
+
+
+def make_scheduler(config: CPPConfig = CPPConfig(), pp_size: int = 2, overhead_tokens: int = 128):
+    flops = CostModel.analytic(SHAPE, pp_size=pp_size)
+    scheduler = object.__new__(CPPScheduler)  # only the state the hook uses; no vLLM engine
+    scheduler.num_prefill_lookahead = 0
+    scheduler.block_size = 16
+    scheduler.pp_size = pp_size
+    scheduler.cpp_config = config
+    scheduler.cost_model = CostModel(flops.linear, flops.attention, overhead_tokens * flops.linear)
+    scheduler.requests = {}
+    scheduler._prefill_budgets = {}
+    scheduler._step_budget_left = None
+    scheduler.last_step_cost = 0.0
+    return scheduler
+
+
+def new_step(scheduler):
+    scheduler._step_budget_left = None
+    scheduler.last_step_cost = scheduler.cost_model.step_overhead
+
+
+def prefill(scheduler, num_tokens: int, request_id: str = "r") -> list[int]:
+    request = SimpleNamespace(request_id=request_id, num_tokens=num_tokens)
+    chunks, done = [], 0
+    while done < num_tokens:
+        new_step(scheduler)
+        chunk = scheduler._reserve_prefill_lookahead(
+            request, done, min(TOKEN_BUDGET, num_tokens - done)
+        )
+        assert chunk > 0
+        chunks.append(chunk)
+        done += chunk
+    return chunks
+
+
+@pytest.mark.parametrize("prompt_len", [16384, 32768])
+def test_chunks_shrink_and_balance(prompt_len):
+    scheduler = make_scheduler()
+    chunks = prefill(scheduler, prompt_len)
+    assert sum(chunks) == prompt_len
+    assert all(c % 16 == 0 for c in chunks[:-1])
+    assert chunks[0] > chunks[len(chunks) // 2] > chunks[-2]  # later chunks see more context
+    assert balance(chunks, scheduler.cost_model) <= 1.05
+    assert not scheduler._prefill_budgets  # the budget is dropped once the prefill is done
+
+
+def test_num_steps_follows_the_cost_model_or_the_config():
+    auto = prefill(make_scheduler(), 16384)
+    assert 8 <= len(auto) <= 200
+    cheap_steps = prefill(make_scheduler(overhead_tokens=8), 16384)
+    assert len(cheap_steps) > len(auto)  # cheaper steps -> more, smaller chunks
+    fixed = prefill(make_scheduler(CPPConfig(num_steps=10)), 16384)
+    assert 9 <= len(fixed) <= 11
+
+
+def test_token_budget_still_caps_chunks():
+    scheduler = make_scheduler(CPPConfig(num_steps=2))
+    request = SimpleNamespace(request_id="r", num_tokens=16384)
+    new_step(scheduler)
+    assert scheduler._reserve_prefill_lookahead(request, 0, 1000) == 1000
+
+
+def test_decodes_are_charged_but_never_cut():
+    scheduler = make_scheduler()
+    new_step(scheduler)
+    long = SimpleNamespace(request_id="long", num_tokens=16384)
+    first = scheduler._reserve_prefill_lookahead(long, 0, TOKEN_BUDGET)
+    decode = SimpleNamespace(request_id="d", num_tokens=101)
+    assert scheduler._reserve_prefill_lookahead(decode, 100, 1) == 1
+    expected = (
+        scheduler.cost_model.step_overhead
+        + scheduler.cost_model.chunk_cost(first, 0)
+        + scheduler.cost_model.chunk_cost(1, 100)
+    )
+    assert scheduler.last_step_cost == pytest.approx(expected)
+
+
+def test_a_second_prefill_gets_what_is_left_of_the_step():
+    scheduler = make_scheduler()
+    new_step(scheduler)
+    a = SimpleNamespace(request_id="a", num_tokens=16384)
+    b = SimpleNamespace(request_id="b", num_tokens=16384)
+    chunk_a = scheduler._reserve_prefill_lookahead(a, 0, TOKEN_BUDGET)
+    assert scheduler._step_budget_left < scheduler.cost_model.chunk_cost(16, 0)
+    # The step's budget is spent: b waits for the next step instead of overfilling this one.
+    assert scheduler._reserve_prefill_lookahead(b, 0, TOKEN_BUDGET) == 0
+    new_step(scheduler)
+    assert scheduler._reserve_prefill_lookahead(b, 0, TOKEN_BUDGET) == chunk_a
+
+
+def test_short_prompt_runs_whole_and_tail_is_merged():
+    scheduler = make_scheduler(CPPConfig(min_chunk=256))
+    assert prefill(scheduler, 40, "short") == [40]
+    chunks = prefill(scheduler, 16384 + 100, "tail")
+    assert chunks[-1] >= 100 and all(c >= 256 for c in chunks)

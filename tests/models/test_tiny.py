@@ -1,0 +1,289 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The tiny model generator: determinism, caching, and that transformers, vLLM and diffusers
+load and run what it writes."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_omni.models import tiny
+from vllm_omni.models import tiny_tokenizer as tt
+
+LMS = ["llama-8l", "qwen2-2l"]
+PROMPTS = [
+    "The quick brown fox",
+    "Hello, my name is",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "1 2 3 4 5",
+]
+NEW_TOKENS = 16
+MIN_LOGIT_GAP = 1e-3
+
+
+def _file_digests(folder: Path) -> dict[str, str]:
+    return {
+        str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(folder.rglob("*"))
+        if f.is_file()
+    }
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Run torch on one thread. These models are too small to gain from two, and on this 2-core
+    machine two OpenMP threads sometimes made transformers' generate 20-100x slower (seconds
+    instead of 0.1 s per prompt) whenever anything else wanted a core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_training_is_deterministic(tiny_models: dict[str, Path]) -> None:
+    first = tt.train_tokenizer().backend_tokenizer.to_str()
+    second = tt.train_tokenizer().backend_tokenizer.to_str()
+    assert first == second
+    # The cached copy may come from another process (different hash seeds, thread timing).
+    saved = json.loads((tiny_models["qwen2-2l"] / "tokenizer.json").read_text())
+    fresh = json.loads(first)
+    assert saved["model"]["vocab"] == fresh["model"]["vocab"]
+    assert saved["model"]["merges"] == fresh["model"]["merges"]
+    assert len(fresh["model"]["vocab"]) > 1500  # the corpus supports a real BPE vocabulary
+
+
+def test_tokenizer_special_tokens_and_chat_template(tiny_models: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models["qwen2-2l"])
+    assert len(tok) == tt.VOCAB_SIZE
+    assert tok.eos_token == tt.IM_END and tok.pad_token == tt.ENDOFTEXT
+    for special in tt.SPECIAL_TOKENS:
+        ids = tok.encode(f"a{special}b", add_special_tokens=False)
+        assert tok.convert_tokens_to_ids(special) in ids, special
+        assert len(tok.encode(special, add_special_tokens=False)) == 1, special
+
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    no_prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert text == no_prompt + "<|im_start|>assistant\n"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert tok.decode(ids) == text  # byte-level BPE round-trips exactly
+    assert tok.decode(ids, skip_special_tokens=True).startswith("system\nYou are")
+
+
+# --------------------------------------------------------------------------- generator
+
+
+def test_build_is_cached(tiny_models: dict[str, Path]) -> None:
+    start = time.monotonic()
+    again = tiny.build_tiny_models(tiny.default_models_dir())
+    assert time.monotonic() - start < 1.0
+    assert again == tiny_models
+    for name, path in tiny_models.items():
+        assert tiny.is_complete(path), name
+
+
+def test_build_is_byte_identical_and_rebuilds_stale(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    built = tiny.build_tiny_models(tmp_path, ["qwen2-2l"])["qwen2-2l"]
+    assert _file_digests(built) == _file_digests(tiny_models["qwen2-2l"])
+
+    # A folder from another generator version, or one without its marker, is rebuilt.
+    (built / tiny.MARKER).write_text("stale\n")
+    (built / "model.safetensors").write_bytes(b"garbage")
+    tiny.build_tiny_models(tmp_path, ["qwen2-2l"])
+    assert _file_digests(built) == _file_digests(tiny_models["qwen2-2l"])
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary folders left behind
+
+    with pytest.raises(ValueError, match="names"):
+        tiny.build_tiny_models(tmp_path, ["no-such-model"])
+
+
+def test_lm_config_validation() -> None:
+    with pytest.raises(ValueError, match="num_heads \\* head_dim"):
+        tiny.TinyLMConfig("llama", 1, 100, 2, 1, 64, 128, 1e4, seed=0)
+    with pytest.raises(ValueError, match="architecture"):
+        tiny.TinyLMConfig("gpt2", 1, 128, 2, 1, 64, 128, 1e4, seed=0)
+
+
+# --------------------------------------------------------------------------- LMs
+
+
+def _hf_greedy(path: Path) -> tuple[list[list[int]], float]:
+    """Greedy continuations in float32 with transformers, and the smallest top-1/top-2 gap."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    outputs, min_gap = [], float("inf")
+    for prompt in PROMPTS:
+        enc = tok(prompt, return_tensors="pt")
+        with torch.no_grad(), _one_thread():
+            out = model.generate(
+                **enc,
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,  # vLLM's min_tokens masks the same EOS ids
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        for scores in out.scores:
+            top2 = scores[0].topk(2).values
+            min_gap = min(min_gap, (top2[0] - top2[1]).item())
+        outputs.append(out.sequences[0, enc.input_ids.shape[1] :].tolist())
+    return outputs, min_gap
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(tiny_models: dict[str, Path]) -> dict[str, tuple[list[list[int]], float]]:
+    return {name: _hf_greedy(tiny_models[name]) for name in LMS}
+
+
+@pytest.mark.parametrize("name", LMS)
+def test_lm_transformers_greedy(
+    name: str, tiny_models: dict[str, Path], hf_greedy: dict[str, tuple[list[list[int]], float]]
+) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_models[name])
+    assert _head_dim(config) == 64  # vLLM's CPU attention rejects 16
+    assert config.vocab_size == tt.VOCAB_SIZE
+    outputs, min_gap = hf_greedy[name]
+    # Peaky logits: no near-ties, so a different (correct) kernel cannot flip a greedy token.
+    assert min_gap > MIN_LOGIT_GAP
+    for ids in outputs:
+        assert len(ids) == NEW_TOKENS
+        assert len(set(ids)) >= 4, ids  # not collapsed onto one token
+    assert len({tuple(ids) for ids in outputs}) == len(PROMPTS)  # depends on the prompt
+
+
+@pytest.fixture(scope="module", params=LMS)
+def vllm_lm(request: pytest.FixtureRequest, tiny_models: dict[str, Path]):
+    """One vLLM engine at a time (2 cores, 24 GiB), float32 like the reference."""
+    from vllm import LLM
+
+    name = request.param
+    # llama-8l serves 64K-token contexts in the benchmarks: check that vLLM accepts it.
+    max_model_len = 65536 if name == "llama-8l" else 2048
+    llm = LLM(
+        model=str(tiny_models[name]),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=max_model_len,
+        seed=0,
+    )
+    yield name, llm
+    # Stop the engine-core process now: pytest still holds the yielded value during teardown,
+    # so dropping our reference alone would keep it running until after the next engine starts.
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+@pytest.mark.engine
+def test_vllm_matches_transformers(
+    vllm_lm, hf_greedy: dict[str, tuple[list[list[int]], float]]
+) -> None:
+    from vllm import SamplingParams
+
+    name, llm = vllm_lm
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    got = [list(o.outputs[0].token_ids) for o in outputs]
+    assert got == hf_greedy[name][0]
+
+    # vLLM renders chats with the tokenizer's ChatML template.
+    chat = llm.chat(
+        [{"role": "user", "content": "hi"}],
+        SamplingParams(temperature=0, max_tokens=1),
+        use_tqdm=False,
+    )
+    assert chat[0].prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+# --------------------------------------------------------------------------- Qwen-Image
+
+
+@pytest.fixture(scope="module")
+def qwen_image(tiny_models: dict[str, Path]):
+    from diffusers import QwenImagePipeline
+
+    pipe = QwenImagePipeline.from_pretrained(tiny_models["qwen-image"])
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _render(pipe, width: int, height: int, seed: int, prompt: str = "a red cat on a blue sofa"):
+    generator = torch.Generator().manual_seed(seed)
+    with _one_thread():
+        return pipe(
+            prompt, width=width, height=height, num_inference_steps=2, generator=generator
+        ).images[0]
+
+
+@pytest.mark.parametrize("width,height", [(64, 64), (96, 64)])
+def test_qwen_image_renders(qwen_image, width: int, height: int) -> None:
+    import numpy as np
+
+    assert qwen_image.vae_scale_factor * 2 == 16  # valid sizes are multiples of 16
+    image = _render(qwen_image, width, height, seed=0)
+    assert image.size == (width, height)
+    pixels = np.asarray(image)
+    assert pixels.shape == (height, width, 3)
+    assert pixels.std() > 5  # not a flat image
+    again = np.asarray(_render(qwen_image, width, height, seed=0))
+    assert (pixels == again).all()
+    other = np.asarray(_render(qwen_image, width, height, seed=1))
+    assert (pixels != other).any()
+
+
+def test_qwen_image_text_encoder(qwen_image) -> None:
+    text = qwen_image.text_encoder.config.text_config
+    head_dim = _head_dim(text)
+    assert head_dim == 64  # vLLM's CPU attention rejects 16
+    rope = text.rope_parameters
+    assert sum(rope["mrope_section"]) == head_dim // 2
+    assert qwen_image.transformer.config.joint_attention_dim == text.hidden_size
+    assert qwen_image.transformer.config.in_channels == 4 * qwen_image.vae.config.z_dim
+    config = qwen_image.text_encoder.config
+    for token_id in (
+        config.image_token_id,
+        config.video_token_id,
+        config.vision_start_token_id,
+        config.vision_end_token_id,
+        text.eos_token_id,
+    ):
+        assert 0 <= token_id < text.vocab_size
+
+    # QwenImagePipeline drops the first 34 tokens of its prompt template; with our tokenizer
+    # they must all belong to the template's fixed system part.
+    template = qwen_image.prompt_template_encode
+    drop = qwen_image.prompt_template_encode_start_idx
+    system_part = template.split("<|im_start|>user")[0]
+    assert len(qwen_image.tokenizer(system_part).input_ids) > drop

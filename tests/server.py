@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A live `vllm serve` / `vllm-omni serve` process on loopback, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """Starts `command` with `--host 127.0.0.1 --port <free>` and waits until /health answers."""
+
+    def __init__(
+        self, command: list[str], env: dict[str, str] | None = None, timeout_s: float = 300
+    ):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [*command, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = {**os.environ, **(env or {})}
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> ServerProcess:
+        self.proc = subprocess.Popen(
+            self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.log_path = None
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.proc.stdout.read()}"
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        self.__exit__(None, None, None)
+        raise TimeoutError(f"server did not become healthy in {self.timeout_s} s")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every vLLM patch still matches the vLLM function it wraps, and takes effect."""
+
+import inspect
+
+import pytest
+import torch
+
+from vllm_omni import _patches, plugin
+
+
+@pytest.mark.parametrize("patch", _patches.all_patches(), ids=lambda p: p.name)
+def test_patched_vllm_function_is_unchanged(patch):
+    # Fails when vLLM changes under a patch: review the patch, then update its fingerprint.
+    assert patch.current_fingerprint() == patch.fingerprint, (
+        f"{patch.owner.__qualname__}.{patch.attr} changed; review patch {patch.name}"
+    )
+
+
+def test_register_applies_every_patch_on_cpu():
+    plugin.register()
+    for patch in _patches.all_patches():
+        assert patch.is_applied(), patch.name
+        # Applying again is a no-op and keeps a single wrapper layer.
+        assert patch.apply()
+        fn = inspect.getattr_static(patch.owner, patch.attr)
+        fn = fn.__func__ if isinstance(fn, classmethod) else fn
+        assert not hasattr(fn.__vllm_omni_original__, "__vllm_omni_original__")
+
+
+def test_cpu_pp_eager_buffer_is_allocated_on_non_first_rank(monkeypatch):
+    from vllm.distributed import parallel_state
+
+    class FakeModel:
+        def make_empty_intermediate_tensors(self, batch_size, dtype, device):
+            return {"hidden_states": torch.zeros(batch_size, 4, dtype=dtype, device=device)}
+
+    class FakeRunner:
+        intermediate_tensors = None
+        model = FakeModel()
+        max_num_tokens = 8
+        device = torch.device("cpu")
+
+        class model_config:  # noqa: N801
+            dtype = torch.bfloat16
+
+    calls = []
+    load_model = _patches._wrap_cpu_load_model(lambda self: calls.append(self))
+
+    class Rank:
+        def __init__(self, first):
+            self.is_first_rank = first
+
+    runner = FakeRunner()
+    monkeypatch.setattr(parallel_state, "get_pp_group", lambda: Rank(first=True))
+    load_model(runner)
+    assert calls == [runner] and runner.intermediate_tensors is None
+
+    monkeypatch.setattr(parallel_state, "get_pp_group", lambda: Rank(first=False))
+    load_model(runner)
+    buffer = runner.intermediate_tensors["hidden_states"]
+    assert buffer.shape == (8, 4) and buffer.dtype == torch.bfloat16

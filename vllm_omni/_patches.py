@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every patch of vLLM internals that vllm_omni makes, in one place.
+
+Patches are a last resort: each one below says WHY it exists, its SCOPE, and when to REMOVE it.
+`apply()` runs only from the vLLM plugin entry point (`vllm_omni.plugin.register`), never on import.
+Each patch pins a fingerprint of the vLLM function it wraps; a changed function is not patched and
+`tests/test_patches.py` fails, so a vLLM upgrade forces a review of every patch.
+
+1. cpu_pp_eager_buffer - `CPUModelRunner.load_model`
+   WHY: with PP>1 and `enforce_eager=True`, the CPU runner skips the warm-up dummy run that
+        allocates the buffer for received intermediate tensors, so the first step on a non-first
+        PP rank fails with `assert self.intermediate_tensors is not None`.
+   SCOPE: CPU backend, V1 model runner, non-first PP ranks; allocates the same buffer the dummy run
+        would (`make_empty_intermediate_tensors` for `max_num_tokens`).
+   REMOVE: when vLLM's CPU runner allocates that buffer without a compiled warm-up.
+
+2. cpu_startup_defaults - `CpuPlatform.check_and_update_config`
+   WHY: on a single-NUMA machine PP>1 dies with "Not enough allowed NUMA nodes" under the default
+        thread binding, and the default memory utilisation over-commits the node with 2+ workers.
+   SCOPE: CPU platform; fills `VLLM_CPU_OMP_THREADS_BIND` and `kv_cache_memory_bytes` only when the
+        user set neither (see `vllm_omni.platform.cpu_defaults`).
+   REMOVE: when vLLM picks working defaults for several local CPU workers itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    owner: type
+    attr: str
+    fingerprint: str
+    """First 12 hex digits of sha256 over the source of the vLLM function being wrapped."""
+    make_wrapper: Callable[[Callable], Callable]
+    is_classmethod: bool = False
+
+    def original(self) -> Callable:
+        fn = inspect.getattr_static(self.owner, self.attr)
+        fn = fn.__func__ if isinstance(fn, classmethod) else fn
+        return getattr(fn, "__vllm_omni_original__", fn)
+
+    def current_fingerprint(self) -> str:
+        return source_fingerprint(self.original())
+
+    def is_applied(self) -> bool:
+        fn = inspect.getattr_static(self.owner, self.attr)
+        fn = fn.__func__ if isinstance(fn, classmethod) else fn
+        return hasattr(fn, "__vllm_omni_original__")
+
+    def apply(self) -> bool:
+        if self.is_applied():
+            return True
+        if self.current_fingerprint() != self.fingerprint:
+            logger.warning(
+                "vllm_omni: not applying patch %s: %s.%s changed in this vLLM (fingerprint %s, "
+                "expected %s)",
+                self.name,
+                self.owner.__qualname__,
+                self.attr,
+                self.current_fingerprint(),
+                self.fingerprint,
+            )
+            return False
+        original = self.original()
+        wrapper = functools.wraps(original)(self.make_wrapper(original))
+        wrapper.__vllm_omni_original__ = original
+        setattr(self.owner, self.attr, classmethod(wrapper) if self.is_classmethod else wrapper)
+        return True
+
+
+def source_fingerprint(fn: Callable) -> str:
+    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:12]
+
+
+def _wrap_cpu_load_model(original: Callable) -> Callable:
+    def load_model(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        from vllm.distributed.parallel_state import get_pp_group
+
+        if not get_pp_group().is_first_rank and self.intermediate_tensors is None:
+            self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
+                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device
+            )
+
+    return load_model
+
+
+def _wrap_cpu_check_and_update_config(original: Callable) -> Callable:
+    def check_and_update_config(cls, vllm_config):
+        original(cls, vllm_config)
+        from vllm_omni.platform.cpu_defaults import apply_cpu_defaults
+
+        apply_cpu_defaults(vllm_config)
+
+    return check_and_update_config
+
+
+def all_patches() -> list[Patch]:
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    return [
+        Patch(
+            "cpu_pp_eager_buffer",
+            CPUModelRunner,
+            "load_model",
+            "270bdfc6670d",
+            _wrap_cpu_load_model,
+        ),
+        Patch(
+            "cpu_startup_defaults",
+            CpuPlatform,
+            "check_and_update_config",
+            "d2960ad5d183",
+            _wrap_cpu_check_and_update_config,
+            is_classmethod=True,
+        ),
+    ]
+
+
+def apply() -> dict[str, bool]:
+    """Apply every patch that still fits the installed vLLM; returns {name: applied}."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}  # both patches concern the CPU backend only
+    return {patch.name: patch.apply() for patch in all_patches()}

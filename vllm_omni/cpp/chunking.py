@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sizing prefill chunks to equal cost: the next chunk of a request, a whole plan, and how many
+pipeline steps a prompt should take.
+
+With p pipeline stages, a prompt whose prefill costs T per stage, split into m equal-cost chunks,
+and a fixed cost c per step, the prefill takes about (m + p - 1) * (T / m + c): more chunks shrink
+the pipeline's fill and drain, but pay the step cost more often. The minimum is at
+m* = sqrt((p - 1) * T / c) (`optimal_num_steps`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from vllm_omni.cpp.cost_model import CostModel, _check_int, _check_real
+
+
+def next_chunk_size(
+    cost_model: CostModel,
+    num_cached_tokens: int,
+    num_remaining_tokens: int,
+    step_budget: float,
+    block_size: int = 16,
+    min_chunk: int = 0,
+) -> int:
+    """Tokens of the next chunk of a prefill with `num_remaining_tokens` left after
+    `num_cached_tokens`: the largest multiple of block_size whose chunk_cost fits `step_budget`,
+    at least max(min_chunk, block_size) rounded up to a block multiple (taken even over budget, so
+    prefill progresses), and the whole remainder when fewer than min_chunk tokens would be left.
+    """
+    if num_remaining_tokens <= 0:
+        return 0
+    floor = -(-max(min_chunk, block_size) // block_size) * block_size
+    size = max(
+        cost_model.max_chunk(num_cached_tokens, step_budget) // block_size * block_size, floor
+    )
+    if size >= num_remaining_tokens or num_remaining_tokens - size < min_chunk:
+        return num_remaining_tokens
+    return size
+
+
+def plan_chunks(
+    prompt_len: int,
+    cost_model: CostModel,
+    step_budget: float,
+    block_size: int = 16,
+    min_chunk: int = 0,
+    start: int = 0,
+) -> list[int]:
+    """Sizes of successive prefill chunks covering tokens start..prompt_len.
+
+    `step_budget` bounds chunk_cost (step_overhead excluded: every step pays it alike). Each
+    chunk is the largest multiple of block_size within budget, but at least max(min_chunk,
+    block_size) rounded up to a block multiple (taken even over budget, so planning progresses);
+    the last chunk is the remainder. A chunk that would leave < min_chunk tokens absorbs them.
+    """
+    for name, value, low in (
+        ("prompt_len", prompt_len, 0),
+        ("block_size", block_size, 1),
+        ("min_chunk", min_chunk, 0),
+        ("start", start, 0),
+    ):
+        _check_int(name, value, low)
+    if start > prompt_len:
+        raise ValueError(f"start ({start}) exceeds prompt_len ({prompt_len})")
+    _check_real("step_budget", step_budget, positive=True)
+    chunks, pos = [], start
+    while pos < prompt_len:
+        size = next_chunk_size(
+            cost_model, pos, prompt_len - pos, step_budget, block_size, min_chunk
+        )
+        chunks.append(size)
+        pos += size
+    return chunks
+
+
+def budget_for_chunk(cost_model: CostModel, first_chunk: int) -> float:
+    """The step_budget whose first chunk (from an empty cache) is exactly `first_chunk` tokens."""
+    _check_int("first_chunk", first_chunk, 1)
+    return cost_model.chunk_cost(first_chunk, 0)
+
+
+def balance(chunks: Iterable[int], cost_model: CostModel, start: int = 0) -> float:
+    """max / mean of the chunks' costs, each after the tokens before it (1.0 = perfectly even)."""
+    costs, pos = [], start
+    for size in chunks:
+        costs.append(cost_model.chunk_cost(size, pos))
+        pos += size
+    if not costs or sum(costs) == 0:
+        raise ValueError("chunks must contain at least one non-empty chunk")
+    return max(costs) / (sum(costs) / len(costs))
+
+
+def optimal_num_steps(
+    prefill_cost: float, step_overhead: float, pp_size: int, max_steps: int
+) -> int:
+    """Number of equal-cost steps m in [1, max_steps] that minimises (m + p - 1) * (T / m + c)."""
+    _check_int("pp_size", pp_size, 1)
+    _check_int("max_steps", max_steps, 1)
+    if pp_size == 1 or prefill_cost <= 0:
+        return 1
+    if step_overhead <= 0:
+        return max_steps
+    best = math.sqrt((pp_size - 1) * prefill_cost / step_overhead)
+    candidates = {min(max(m, 1), max_steps) for m in (math.floor(best), math.ceil(best))}
+
+    def makespan(m: int) -> float:
+        return (m + pp_size - 1) * (prefill_cost / m + step_overhead)
+
+    return min(candidates, key=makespan)

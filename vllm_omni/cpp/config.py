@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPP configuration: `additional_config={"cpp": {...}}` in vLLM, `--cpp*` flags on
+`vllm-omni serve`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+CONFIG_KEY = "cpp"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CPPConfig:
+    num_steps: int | None = None
+    """Pipeline steps per long prefill. None: chosen per prompt from the cost model, minimising
+    (m + p - 1) * (T / m + c) (see vllm_omni.cpp.chunking)."""
+    min_chunk: int = 0
+    """Smallest prefill chunk in tokens (rounded up to the KV block size); a tail shorter than this
+    is merged into the chunk before it."""
+    cost_model: str | None = None
+    """JSON written by `python -m vllm_omni.cpp.calibrate`. None: the calibration cached for this
+    model and pipeline size if there is one, else the analytic FLOP model."""
+    overhead_tokens: int = 128
+    """For the analytic model only: the fixed cost of a step, in tokens' worth of linear layers."""
+
+    def __post_init__(self) -> None:
+        if self.num_steps is not None and (
+            not isinstance(self.num_steps, int) or self.num_steps < 1
+        ):
+            raise ValueError(
+                f"cpp.num_steps must be a positive integer or None, got {self.num_steps!r}"
+            )
+        if not isinstance(self.min_chunk, int) or self.min_chunk < 0:
+            raise ValueError(f"cpp.min_chunk must be an integer >= 0, got {self.min_chunk!r}")
+        if self.cost_model is not None and not isinstance(self.cost_model, str):
+            raise ValueError(f"cpp.cost_model must be a path string, got {self.cost_model!r}")
+        if not isinstance(self.overhead_tokens, int) or self.overhead_tokens < 0:
+            raise ValueError(
+                f"cpp.overhead_tokens must be an integer >= 0, got {self.overhead_tokens!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> CPPConfig:
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ValueError(f"unknown CPP option cpp.{key}; known options: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_additional_config(cls, additional_config: Any) -> CPPConfig | None:
+        """The CPP config in vLLM's additional_config, or None when CPP is not configured."""
+        if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
+            return None
+        return cls.from_dict(additional_config[CONFIG_KEY])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,277 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-step compute cost of prefill chunks, and a planner that sizes chunks to equal cost.
+
+A chunk of x new tokens after L cached tokens costs, per pipeline stage, chunk_cost(x, L) =
+linear * x + attention * x * (L + x / 2); every step also pays `step_overhead`. Pure Python +
+numpy (no torch, no vLLM): cheap enough per request per step, and testable in microseconds.
+
+Causal convention (exact, not an approximation): token i (0-based within the chunk) attends
+to L + i + 1 keys, so a chunk has sum_i (L + i + 1) = x * (L + (x + 1) / 2)
+= x * (L + x / 2) + x / 2 query-key pairs. `CostModel.analytic` folds the trailing x / 2 into
+`linear` (linear = 2 * params + attention / 2), so `chunk_cost` equals the brute-force sum.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+UNITS = ("flop", "s")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    # bool is an int subclass; a True layer count is always a bug.
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_real(name: str, value: Any, positive: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+
+
+def _nnls(design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, float]:
+    """argmin |design @ coef - target|^2 over coef >= 0, and the minimum. Exact for few columns:
+    the optimum is the plain least squares on its support, so trying every subset finds it."""
+    cols = design.shape[1]
+    best, best_sq = np.zeros(cols), float(target @ target)
+    subsets = (s for k in range(1, cols + 1) for s in itertools.combinations(range(cols), k))
+    for active in subsets:
+        sol = np.linalg.lstsq(design[:, active], target, rcond=None)[0]
+        if np.all(sol >= 0):
+            coef = np.zeros(cols)
+            coef[list(active)] = sol
+            sq = float(np.sum((design @ coef - target) ** 2))
+            if sq < best_sq:
+                best, best_sq = coef, sq
+    return best, best_sq
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of a decoder-only transformer with GQA attention and a SwiGLU MLP."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_int(f.name, getattr(self, f.name), 1)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+            )
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any) -> ModelShape:
+        """Read a transformers-style config object or dict (multimodal configs: its text_config)."""
+        get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+        if get("num_hidden_layers") is None and get("text_config") is not None:
+            return cls.from_hf_config(get("text_config"))
+        for key in (
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+        ):
+            if get(key) is None:
+                raise ValueError(f"config lacks {key}")
+        hidden, heads = get("hidden_size"), get("num_attention_heads")
+        # Some configs carry these keys explicitly set to None; treat that as absent.
+        kv_heads = get("num_key_value_heads") or heads
+        head_dim = get("head_dim") or hidden // heads
+        return cls(
+            get("num_hidden_layers"),
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            get("intermediate_size"),
+            get("vocab_size"),
+        )
+
+    @classmethod
+    def llama3_8b(cls) -> ModelShape:
+        return cls(32, 4096, 32, 8, 128, 14336, 128256)
+
+    @classmethod
+    def llama3_70b(cls) -> ModelShape:
+        return cls(80, 8192, 64, 8, 128, 28672, 128256)
+
+    def params_per_layer(self) -> int:
+        """Weights multiplied per token in one layer: q, k, v, o projections and the SwiGLU MLP."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.hidden_size * (2 * q + 2 * kv + 3 * self.intermediate_size)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """cost(x, L) = linear * x + attention * x * (L + x / 2), plus step_overhead per step.
+
+    Coefficients are in `unit` ("flop": analytic, "s": fitted wall time) per token, per
+    token-key pair and per step. linear or attention must be > 0, else no budget bounds a chunk.
+    """
+
+    linear: float
+    attention: float
+    step_overhead: float = 0.0
+    unit: str = "flop"
+
+    def __post_init__(self) -> None:
+        for name in ("linear", "attention", "step_overhead"):
+            _check_real(name, getattr(self, name))
+        if self.linear == 0 and self.attention == 0:
+            raise ValueError("linear and attention are both 0: chunks would cost nothing")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+
+    def chunk_cost(self, num_new_tokens: int, num_cached_tokens: int) -> float:
+        """Cost of prefilling `num_new_tokens` after `num_cached_tokens`, without step_overhead."""
+        x, cached = num_new_tokens, num_cached_tokens
+        if x < 0 or cached < 0:
+            raise ValueError(f"num_new_tokens ({x}) and num_cached_tokens ({cached}) must be >= 0")
+        return self.linear * x + self.attention * x * (cached + x / 2)
+
+    def step_cost(self, chunks: Iterable[tuple[int, int]]) -> float:
+        """step_overhead + the cost of each (num_new_tokens, num_cached_tokens); a decode is x=1."""
+        return self.step_overhead + sum(self.chunk_cost(x, cached) for x, cached in chunks)
+
+    def max_chunk(self, num_cached_tokens: int, budget: float) -> int:
+        """Largest int x >= 0 with chunk_cost(x, num_cached_tokens) <= budget (exact).
+
+        Solves (attention / 2) x^2 + (linear + attention * L) x = budget in closed form, then
+        steps by +-1 so the inequality holds exactly as `chunk_cost` evaluates it in floats.
+        """
+        _check_real("budget", budget)
+        slope = self.linear + self.attention * num_cached_tokens
+        # 2c / (b + sqrt(b^2 + 4ac)) is the positive root without cancellation (also for a = 0).
+        denom = slope + math.sqrt(slope * slope + 2 * self.attention * budget)
+        x = int(2 * budget / denom) if denom > 0 else 0  # denom is 0 only when budget is 0
+        while self.chunk_cost(x + 1, num_cached_tokens) <= budget:
+            x += 1
+        while x > 0 and self.chunk_cost(x, num_cached_tokens) > budget:
+            x -= 1
+        return x
+
+    @classmethod
+    def analytic(
+        cls, shape: ModelShape, pp_size: int = 1, include_lm_head: bool = False
+    ) -> CostModel:
+        """FLOPs of the heaviest pipeline stage (ceil(num_layers / pp_size) layers).
+
+        A multiply-add is 2 FLOPs; per layer, head and query-key pair, QK^T and AV cost
+        2 * head_dim each. Norms, RoPE, softmax and activations (O(h) per token) are ignored.
+        `include_lm_head` adds 2 * vocab * hidden as step_overhead: one sampled position per
+        step, charged as if on the heaviest stage (an upper bound; negligible either way).
+        """
+        _check_int("pp_size", pp_size, 1)
+        if pp_size > shape.num_layers:
+            raise ValueError(f"pp_size ({pp_size}) exceeds num_layers ({shape.num_layers})")
+        layers = -(-shape.num_layers // pp_size)
+        attention = 4.0 * layers * shape.num_heads * shape.head_dim
+        # + attention / 2: the x / 2 term of the exact causal pair count (module docstring).
+        linear = 2.0 * layers * shape.params_per_layer() + attention / 2
+        overhead = 2.0 * shape.vocab_size * shape.hidden_size if include_lm_head else 0.0
+        return cls(linear, attention, overhead, "flop")
+
+    @classmethod
+    def fit(cls, samples: Iterable[StepSample], step_overhead: bool = True) -> FitResult:
+        """Fit seconds ~ c + a * sum(x) + b * sum(x * (L + x / 2)) with a, b, c >= 0.
+
+        Residuals are relative (each row weighted by 1 / seconds): step times span decodes of
+        milliseconds to prefills of seconds, and the planner needs relative accuracy at both
+        ends. `rel_rmse` is the root-mean-square of (predicted - measured) / measured.
+        """
+        samples = list(samples)
+        names = ("step_overhead", "linear", "attention")[0 if step_overhead else 1 :]
+        if len(samples) < len(names):
+            raise ValueError(f"samples: need at least {len(names)}, got {len(samples)}")
+        y = np.array([s.seconds for s in samples])
+        feats = np.array(
+            [
+                [
+                    1.0,
+                    sum(x for x, _ in s.chunks),
+                    sum(x * (cached + x / 2) for x, cached in s.chunks),
+                ]
+                for s in samples
+            ]
+        )
+        weighted = feats[:, -len(names) :] / y[:, None]  # without step_overhead: drop the 1s
+        # Column scaling: sum(x * L) is ~1e6 times sum(x); unscaled lstsq would lose digits.
+        scale = np.linalg.norm(weighted, axis=0)
+        scale[scale == 0] = 1.0
+        design, target = weighted / scale, np.ones(len(samples))
+        best, best_sq = _nnls(design, target)
+        values = dict(zip(names, (best / scale).tolist()))
+        if values["linear"] == 0 and values["attention"] == 0:
+            raise ValueError("samples: step time does not grow with tokens; cannot fit a cost")
+        model = cls(values["linear"], values["attention"], values.get("step_overhead", 0.0), "s")
+        return FitResult(model, math.sqrt(best_sq / len(samples)), len(samples))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
+        """Inverse of to_dict; an unknown or missing key raises ValueError naming it."""
+        known = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in known:
+                raise ValueError(f"unknown cost model key {key!r} (known: {known})")
+        for key in known:
+            if key not in data:
+                raise ValueError(f"cost model lacks key {key!r}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured step: its chunks as (num_new_tokens, num_cached_tokens), and wall seconds."""
+
+    chunks: tuple[tuple[int, int], ...]
+    seconds: float
+
+    def __post_init__(self) -> None:
+        chunks = tuple(tuple(c) for c in self.chunks)
+        if not chunks:
+            raise ValueError("chunks must not be empty")
+        for x, cached in chunks:
+            _check_int("chunks[].num_new_tokens", x, 1)
+            _check_int("chunks[].num_cached_tokens", cached, 0)
+        _check_real("seconds", self.seconds, positive=True)
+        object.__setattr__(self, "chunks", chunks)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted model and its root-mean-square relative error on the samples it was fit to."""
+
+    model: CostModel
+    rel_rmse: float
+    num_samples: int

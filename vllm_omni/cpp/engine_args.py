@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Turning CPP on for a vLLM engine: the engine arguments it needs, from Python or the CLI.
+
+    from vllm import LLM
+    from vllm_omni.cpp import cpp_engine_args
+    llm = LLM(model=M, **cpp_engine_args(pipeline_parallel_size=2))
+
+is the same as plain vLLM with
+`--scheduler-cls vllm_omni.cpp.scheduler.CPPScheduler --worker-cls <CPP worker for the platform>
+ --additional-config '{"cpp": {...}}'` and a token budget large enough for CPP's first chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_omni.cpp.config import CONFIG_KEY, CPPConfig
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+"""CPP only ever shrinks chunks below the token budget, so the budget must not bind first."""
+
+
+def scheduler_cls_name() -> str:
+    from vllm_omni.cpp.scheduler import CPPScheduler
+
+    return f"{CPPScheduler.__module__}.{CPPScheduler.__qualname__}"
+
+
+def cpp_engine_args(
+    cpp: CPPConfig | dict[str, Any] | None = None, **engine_args: Any
+) -> dict[str, Any]:
+    """`engine_args` plus what CPP needs; raises ValueError for combinations CPP cannot run with."""
+    from vllm_omni.cpp.worker import worker_cls_for_platform
+
+    config = cpp if isinstance(cpp, CPPConfig) else CPPConfig.from_dict(cpp)
+    if engine_args.get("enable_chunked_prefill") is False:
+        raise ValueError(
+            "enable_chunked_prefill=False: CPP splits prompts into chunks, "
+            "so it needs chunked prefill"
+        )
+    pp_size = engine_args.get("pipeline_parallel_size", 1)
+    if pp_size == 1 and config.num_steps is not None:
+        raise ValueError(
+            "cpp.num_steps needs pipeline_parallel_size > 1 (chunks pipeline across PP stages)"
+        )
+    for key in ("scheduler_cls", "worker_cls"):
+        if engine_args.get(key) not in (None, "auto"):
+            raise ValueError(
+                f"{key} is set by CPP; it cannot be combined with {key}={engine_args[key]!r}"
+            )
+    additional = dict(engine_args.pop("additional_config", None) or {})
+    additional[CONFIG_KEY] = config.to_dict()
+    return {
+        "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        **engine_args,
+        "enable_chunked_prefill": True,
+        "scheduler_cls": scheduler_cls_name(),
+        "worker_cls": worker_cls_for_platform(),
+        "additional_config": additional,
+    }
