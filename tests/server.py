@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,16 +35,15 @@ class ServerProcess:
         self.timeout_s = timeout_s
 
     def __enter__(self) -> ServerProcess:
+        # A file, not a pipe: nobody reads a pipe while the server runs, and a full one blocks it.
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="server-", suffix=".log")
         self.proc = subprocess.Popen(
-            self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            self.command, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, text=True
         )
-        self.log_path = None
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with {self.proc.returncode}:\n{self.proc.stdout.read()}"
-                )
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
                 if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
@@ -53,6 +53,9 @@ class ServerProcess:
         self.__exit__(None, None, None)
         raise TimeoutError(f"server did not become healthy in {self.timeout_s} s")
 
+    def log_text(self) -> str:
+        return Path(self.log.name).read_text()
+
     def __exit__(self, *exc) -> None:
         self.proc.terminate()
         try:
@@ -60,3 +63,4 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()

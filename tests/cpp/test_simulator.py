@@ -37,8 +37,9 @@ def _load_script():
 
 
 def test_module_imports_neither_torch_nor_vllm():
-    code = ("import sys, vllm_omni.cpp.simulator; "
-            "print(sorted({'torch', 'vllm'} & set(sys.modules)))")
+    code = (
+        "import sys, vllm_omni.cpp.simulator; print(sorted({'torch', 'vllm'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -66,7 +67,10 @@ def test_unequal_chunks_by_hand():
     # Stage 0 runs 0-1, 1-4, 4-6; stage 1 waits for each chunk: 1-2, 4-7, 7-9.
     res = simulate([1, 3, 2], LINEAR, 2)
     assert [[(s.start, s.end) for s in spans] for spans in res.timeline] == [
-        [(0, 1), (1, 2)], [(1, 4), (4, 7)], [(4, 6), (7, 9)]]
+        [(0, 1), (1, 2)],
+        [(1, 4), (4, 7)],
+        [(4, 6), (7, 9)],
+    ]
     assert res.makespan == 9 == 6 + (2 - 1) * 3
     assert res.bubble == pytest.approx(1 - 6 / 9)
 
@@ -115,7 +119,8 @@ def test_in_flight_cap_binds_only_where_documented():
         pp = rng.randint(1, 6)
         cap = rng.randint(pp, pp + 3)
         assert simulate(chunks, LINEAR, pp, max_in_flight=cap).makespan == pytest.approx(
-            closed_form_makespan(chunks, LINEAR, pp))
+            closed_form_makespan(chunks, LINEAR, pp)
+        )
     # A mixed order binds even at cap == p (the module docstring's example).
     chunks = [19, 10, 15, 3, 20, 13, 11, 19, 8]
     assert closed_form_makespan(chunks, LINEAR, 5) == 198
@@ -135,8 +140,17 @@ def test_fixed_chunks_and_ideal_bubble():
     assert ideal_bubble(1, 1) == 0
 
 
-@pytest.mark.parametrize("bad", [dict(chunks=[]), dict(chunks=[4, 0]), dict(pp_size=0),
-                                 dict(comm_s=-1.0), dict(max_in_flight=0), dict(start=-1)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(chunks=[]),
+        dict(chunks=[4, 0]),
+        dict(pp_size=0),
+        dict(comm_s=-1.0),
+        dict(max_in_flight=0),
+        dict(start=-1),
+    ],
+)
 def test_rejects_bad_arguments(bad):
     kwargs = dict(chunks=[4, 4], cost_model=LINEAR, pp_size=2) | bad
     with pytest.raises(ValueError):
@@ -144,8 +158,14 @@ def test_rejects_bad_arguments(bad):
 
 
 # papers.md A13: Llama-3-8B, FLOP-proportional time, fixed 4096-token chunks, no overhead.
-A13_FIXED = [(128 * K, 4, 13.7), (128 * K, 8, 27.0), (128 * K, 16, 44.2),
-             (1024 * K, 4, 2.2), (1024 * K, 8, 5.1), (1024 * K, 16, 10.2)]
+A13_FIXED = [
+    (128 * K, 4, 13.7),
+    (128 * K, 8, 27.0),
+    (128 * K, 16, 44.2),
+    (1024 * K, 4, 2.2),
+    (1024 * K, 8, 5.1),
+    (1024 * K, 16, 10.2),
+]
 
 
 @pytest.mark.parametrize("prompt_len,pp,expected_pct", A13_FIXED)
@@ -172,15 +192,26 @@ def test_script_validation_round_trip(tmp_path):
     cpp_sim = _load_script()
     model = CostModel(linear=2e-5, attention=1e-8, step_overhead=5e-3, unit="s")
     records = []
-    for pp, chunks in ((2, [2048] * 8), (2, [4096, 3072, 2560, 2048, 1792, 1600, 1296]),
-                       (1, [2048] * 8)):
+    for pp, chunks in (
+        (2, [2048] * 8),
+        (2, [4096, 3072, 2560, 2048, 1792, 1600, 1296]),
+        (1, [2048] * 8),
+    ):
         per_stage = cpp_sim.rescale(model, 2, pp)
         ttft = simulate(chunks, per_stage, pp, max_in_flight=pp).makespan
-        records.append({"name": f"pp{pp}", "pp": pp, "prompt_len": sum(chunks),
-                        "chunks": chunks, "ttft_s": ttft})
+        records.append(
+            {
+                "name": f"pp{pp}",
+                "pp": pp,
+                "prompt_len": sum(chunks),
+                "chunks": chunks,
+                "ttft_s": ttft,
+            }
+        )
     path = tmp_path / "measured.json"
-    path.write_text(json.dumps({"cost_model": model.to_dict(), "cost_model_pp": 2,
-                                "records": records}))
+    path.write_text(
+        json.dumps({"cost_model": model.to_dict(), "cost_model_pp": 2, "records": records})
+    )
     rows = cpp_sim.validate(cpp_sim.load_measured(path))
     assert [r["rel_err"] for r in rows] == pytest.approx([0.0] * 3, abs=1e-12)
     assert [r["scaled"] for r in rows] == [False, False, True]
@@ -196,8 +227,12 @@ def test_script_validation_round_trip(tmp_path):
 def test_script_main_writes_json(tmp_path, capsys):
     cpp_sim = _load_script()
     out = tmp_path / "sim.json"
-    assert cpp_sim.main(["--models", "llama3-8b", "--pp", "8", "--contexts", "1024",
-                         "--json", str(out)]) == 0
+    assert (
+        cpp_sim.main(
+            ["--models", "llama3-8b", "--pp", "8", "--contexts", "1024", "--json", str(out)]
+        )
+        == 0
+    )
     assert "bubble 0.69% (<= 1%)" in capsys.readouterr().out
     data = json.loads(out.read_text())
     rows = [r for r in data["projection"] if r["step_overhead_flop"] == 0]
