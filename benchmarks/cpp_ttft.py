@@ -65,7 +65,13 @@ def configs(chunks: tuple[int, ...], model_len: int) -> list[Config]:
     timed = dict(base, worker_cls=worker_cls_for_platform())
     out = [Config("plain PP=1", 1, dict(timed, max_num_batched_tokens=2048), 2048)]
     out += [
-        Config(f"plain PP=2 chunk {c}", 2, dict(timed, max_num_batched_tokens=c), c) for c in chunks
+        Config(
+            f"plain PP=2 chunk {c}",
+            2,
+            dict(timed, pipeline_parallel_size=2, max_num_batched_tokens=c),
+            c,
+        )
+        for c in chunks
     ]
     out.append(Config("CPP PP=2", 2, cpp_engine_args(pipeline_parallel_size=2, **base)))
     return out
@@ -95,7 +101,7 @@ def run_config(config: Config, model: str, lengths, runs: int, cost_model) -> li
     from vllm import LLM, SamplingParams
 
     os.environ[BIND_ENV] = "0" if config.pp == 1 else "|".join(str(r) for r in range(config.pp))
-    llm = LLM(model=model, pipeline_parallel_size=config.pp, **config.engine_args)
+    llm = LLM(model=model, **config.engine_args)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
@@ -243,6 +249,7 @@ def main() -> None:
                 {
                     "machine": {"cpus": os.cpu_count()},
                     "cost_model": cost_model.to_dict(),
+            "cost_model_pp": 2,
                     "ratios": ratios,
                     "records": [
                         {

@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every vLLM patch still matches the vLLM function it wraps, and takes effect."""
 
-import inspect
-
 import pytest
 import torch
 
@@ -23,9 +21,8 @@ def test_register_applies_every_patch_on_cpu():
         assert patch.is_applied(), patch.name
         # Applying again is a no-op and keeps a single wrapper layer.
         assert patch.apply()
-        fn = inspect.getattr_static(patch.owner, patch.attr)
-        fn = fn.__func__ if isinstance(fn, classmethod) else fn
-        assert not hasattr(fn.__vllm_omni_original__, "__vllm_omni_original__")
+        assert not hasattr(patch.original(), "__vllm_omni_original__")
+        assert patch._unwrapped().__vllm_omni_original__ is patch.original()
 
 
 def test_cpu_pp_eager_buffer_is_allocated_on_non_first_rank(monkeypatch):
@@ -60,3 +57,25 @@ def test_cpu_pp_eager_buffer_is_allocated_on_non_first_rank(monkeypatch):
     load_model(runner)
     buffer = runner.intermediate_tensors["hidden_states"]
     assert buffer.shape == (8, 4) and buffer.dtype == torch.bfloat16
+
+
+def test_cpp_deepens_the_batch_queue_only_for_cpp_engines():
+    from types import SimpleNamespace
+
+    from vllm.config import VllmConfig
+
+    plugin.register()
+
+    def config(pp, additional, async_scheduling=False):
+        fake = SimpleNamespace(
+            parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+            scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+            additional_config=additional,
+            use_v2_model_runner=False,
+        )
+        return VllmConfig.max_concurrent_batches.fget(fake)
+
+    assert config(2, {}) == 2  # plain vLLM: untouched
+    assert config(2, {"cpp": {}}) == 3
+    assert config(4, {"cpp": {"lookahead_steps": 0}}) == 4
+    assert config(1, {"cpp": {}}) == 1

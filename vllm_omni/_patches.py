@@ -20,6 +20,15 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
    SCOPE: CPU platform; fills `VLLM_CPU_OMP_THREADS_BIND` and `kv_cache_memory_bytes` only when the
         user set neither (see `vllm_omni.platform.cpu_defaults`).
    REMOVE: when vLLM picks working defaults for several local CPU workers itself.
+
+3. cpp_batch_queue_depth - `VllmConfig.max_concurrent_batches`
+   WHY: with PP and synchronous scheduling, vLLM keeps exactly pp_size steps in flight, so the
+        first stage, done with its chunk, waits for the last stage to finish the oldest step and
+        for the engine to schedule the next one before it can start again. CPP schedules
+        `cpp.lookahead_steps` more steps ahead, so that step is already queued.
+   SCOPE: engines with `additional_config["cpp"]`, PP>1, no async scheduling; everything else
+        gets vLLM's value unchanged. All platforms.
+   REMOVE: when vLLM lets the batch-queue depth be configured (or schedules PP steps ahead).
 """
 
 from __future__ import annotations
@@ -43,20 +52,25 @@ class Patch:
     fingerprint: str
     """First 12 hex digits of sha256 over the source of the vLLM function being wrapped."""
     make_wrapper: Callable[[Callable], Callable]
-    is_classmethod: bool = False
+    kind: str = "function"
+    """How the attribute is bound: "function", "classmethod" or "property" (its getter)."""
+    cpu_only: bool = True
+
+    def _unwrapped(self) -> Callable:
+        fn = inspect.getattr_static(self.owner, self.attr)
+        if isinstance(fn, classmethod):
+            return fn.__func__
+        return fn.fget if isinstance(fn, property) else fn
 
     def original(self) -> Callable:
-        fn = inspect.getattr_static(self.owner, self.attr)
-        fn = fn.__func__ if isinstance(fn, classmethod) else fn
+        fn = self._unwrapped()
         return getattr(fn, "__vllm_omni_original__", fn)
 
     def current_fingerprint(self) -> str:
         return source_fingerprint(self.original())
 
     def is_applied(self) -> bool:
-        fn = inspect.getattr_static(self.owner, self.attr)
-        fn = fn.__func__ if isinstance(fn, classmethod) else fn
-        return hasattr(fn, "__vllm_omni_original__")
+        return hasattr(self._unwrapped(), "__vllm_omni_original__")
 
     def apply(self) -> bool:
         if self.is_applied():
@@ -75,7 +89,8 @@ class Patch:
         original = self.original()
         wrapper = functools.wraps(original)(self.make_wrapper(original))
         wrapper.__vllm_omni_original__ = original
-        setattr(self.owner, self.attr, classmethod(wrapper) if self.is_classmethod else wrapper)
+        bind = {"function": lambda f: f, "classmethod": classmethod, "property": property}
+        setattr(self.owner, self.attr, bind[self.kind](wrapper))
         return True
 
 
@@ -106,7 +121,22 @@ def _wrap_cpu_check_and_update_config(original: Callable) -> Callable:
     return check_and_update_config
 
 
+def _wrap_max_concurrent_batches(original: Callable) -> Callable:
+    def max_concurrent_batches(self) -> int:
+        depth = original(self)
+        from vllm_omni.cpp.config import CPPConfig
+
+        cpp = CPPConfig.from_additional_config(self.additional_config)
+        pp_size = self.parallel_config.pipeline_parallel_size
+        if cpp is None or pp_size == 1 or self.scheduler_config.async_scheduling:
+            return depth
+        return max(depth, pp_size + cpp.lookahead_steps)
+
+    return max_concurrent_batches
+
+
 def all_patches() -> list[Patch]:
+    from vllm.config import VllmConfig
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
@@ -124,7 +154,16 @@ def all_patches() -> list[Patch]:
             "check_and_update_config",
             "d2960ad5d183",
             _wrap_cpu_check_and_update_config,
-            is_classmethod=True,
+            kind="classmethod",
+        ),
+        Patch(
+            "cpp_batch_queue_depth",
+            VllmConfig,
+            "max_concurrent_batches",
+            "134b00e18e9f",
+            _wrap_max_concurrent_batches,
+            kind="property",
+            cpu_only=False,
         ),
     ]
 
@@ -133,6 +172,5 @@ def apply() -> dict[str, bool]:
     """Apply every patch that still fits the installed vLLM; returns {name: applied}."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return {}  # both patches concern the CPU backend only
-    return {patch.name: patch.apply() for patch in all_patches()}
+    is_cpu = current_platform.is_cpu()
+    return {p.name: p.apply() for p in all_patches() if is_cpu or not p.cpu_only}

@@ -275,3 +275,25 @@ def test_balance_uses_tokens_before_each_chunk():
     assert balance([4], model, start=100) == 1.0
     with pytest.raises(ValueError, match="chunks"):
         balance([], model)
+
+
+def test_context_term_is_fitted_and_bounds_chunks():
+    truth = CostModel(linear=2e-5, attention=1e-8, step_overhead=5e-3, unit="s", context=1e-6)
+    rng = np.random.default_rng(7)
+    samples = [
+        StepSample(((int(x), int(cached)),), truth.step_cost([(int(x), int(cached))]) * (1 + e))
+        for x, cached, e in zip(
+            rng.integers(64, 4096, 300), rng.integers(0, 32768, 300), rng.normal(0, 0.01, 300)
+        )
+    ]
+    fitted = CostModel.fit(samples).model
+    for name in ("linear", "attention", "step_overhead", "context"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+    # A chunk after L cached tokens pays context * L whatever its size: below that, nothing fits.
+    assert truth.max_chunk(10_000, 0.9 * truth.context * 10_000) == 0
+    x = truth.max_chunk(10_000, 0.1)
+    assert truth.chunk_cost(x, 10_000) <= 0.1 < truth.chunk_cost(x + 1, 10_000)
+    assert (
+        CostModel.from_dict({k: v for k, v in truth.to_dict().items() if k != "context"}).context
+        == 0
+    )

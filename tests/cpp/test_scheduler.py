@@ -24,8 +24,8 @@ def make_scheduler(config: CPPConfig = CPPConfig(), pp_size: int = 2, overhead_t
     flops = CostModel.analytic(SHAPE, pp_size=pp_size)
     scheduler = object.__new__(CPPScheduler)  # only the state the hook uses; no vLLM engine
     scheduler.num_prefill_lookahead = 0
-    scheduler.block_size = 16
     scheduler.pp_size = pp_size
+    scheduler.chunk_align = 16
     scheduler.cpp_config = config
     scheduler.cost_model = CostModel(flops.linear, flops.attention, overhead_tokens * flops.linear)
     scheduler.requests = {}
@@ -41,7 +41,7 @@ def new_step(scheduler):
 
 
 def prefill(scheduler, num_tokens: int, request_id: str = "r") -> list[int]:
-    request = SimpleNamespace(request_id=request_id, num_tokens=num_tokens)
+    request = SimpleNamespace(request_id=request_id, num_tokens=num_tokens, sampling_params=None)
     chunks, done = [], 0
     while done < num_tokens:
         new_step(scheduler)
@@ -76,7 +76,7 @@ def test_num_steps_follows_the_cost_model_or_the_config():
 
 def test_token_budget_still_caps_chunks():
     scheduler = make_scheduler(CPPConfig(num_steps=2))
-    request = SimpleNamespace(request_id="r", num_tokens=16384)
+    request = SimpleNamespace(request_id="r", num_tokens=16384, sampling_params=None)
     new_step(scheduler)
     assert scheduler._reserve_prefill_lookahead(request, 0, 1000) == 1000
 
@@ -84,9 +84,9 @@ def test_token_budget_still_caps_chunks():
 def test_decodes_are_charged_but_never_cut():
     scheduler = make_scheduler()
     new_step(scheduler)
-    long = SimpleNamespace(request_id="long", num_tokens=16384)
+    long = SimpleNamespace(request_id="long", num_tokens=16384, sampling_params=None)
     first = scheduler._reserve_prefill_lookahead(long, 0, TOKEN_BUDGET)
-    decode = SimpleNamespace(request_id="d", num_tokens=101)
+    decode = SimpleNamespace(request_id="d", num_tokens=101, sampling_params=None)
     assert scheduler._reserve_prefill_lookahead(decode, 100, 1) == 1
     expected = (
         scheduler.cost_model.step_overhead
@@ -99,14 +99,17 @@ def test_decodes_are_charged_but_never_cut():
 def test_a_second_prefill_gets_what_is_left_of_the_step():
     scheduler = make_scheduler()
     new_step(scheduler)
-    a = SimpleNamespace(request_id="a", num_tokens=16384)
-    b = SimpleNamespace(request_id="b", num_tokens=16384)
+    a = SimpleNamespace(request_id="a", num_tokens=16384, sampling_params=None)
+    b = SimpleNamespace(request_id="b", num_tokens=16384, sampling_params=None)
     chunk_a = scheduler._reserve_prefill_lookahead(a, 0, TOKEN_BUDGET)
-    assert scheduler._step_budget_left < scheduler.cost_model.chunk_cost(16, 0)
-    # The step's budget is spent: b waits for the next step instead of overfilling this one.
-    assert scheduler._reserve_prefill_lookahead(b, 0, TOKEN_BUDGET) == 0
+    left = scheduler._step_budget_left
+    chunk_b = scheduler._reserve_prefill_lookahead(b, 0, TOKEN_BUDGET)
+    assert scheduler.cost_model.chunk_cost(chunk_b, 0) <= left
+    # Now the step is full: a third prefill waits for the next step instead of overfilling it.
+    c = SimpleNamespace(request_id="c", num_tokens=16384, sampling_params=None)
+    assert scheduler._reserve_prefill_lookahead(c, 0, TOKEN_BUDGET) == 0
     new_step(scheduler)
-    assert scheduler._reserve_prefill_lookahead(b, 0, TOKEN_BUDGET) == chunk_a
+    assert scheduler._reserve_prefill_lookahead(c, 0, TOKEN_BUDGET) == chunk_a
 
 
 def test_short_prompt_runs_whole_and_tail_is_merged():
@@ -114,3 +117,28 @@ def test_short_prompt_runs_whole_and_tail_is_merged():
     assert prefill(scheduler, 40, "short") == [40]
     chunks = prefill(scheduler, 16384 + 100, "tail")
     assert chunks[-1] >= 100 and all(c >= 256 for c in chunks)
+
+
+def test_a_request_can_choose_its_num_steps():
+    scheduler = make_scheduler()
+    request = SimpleNamespace(
+        request_id="r",
+        num_tokens=16384,
+        sampling_params=SimpleNamespace(extra_args={"cpp_num_steps": 5}),
+    )
+    chunks, done = [], 0
+    while done < 16384:
+        new_step(scheduler)
+        chunks.append(scheduler._reserve_prefill_lookahead(request, done, TOKEN_BUDGET))
+        done += chunks[-1]
+    assert 4 <= len(chunks) <= 6
+
+
+def test_context_pass_cost_means_fewer_larger_chunks():
+    plain = make_scheduler()
+    with_context = make_scheduler()
+    cm = plain.cost_model
+    with_context.cost_model = CostModel(
+        cm.linear, cm.attention, cm.step_overhead, context=50 * cm.step_overhead / 16384
+    )
+    assert len(prefill(with_context, 16384)) < len(prefill(plain, 16384))

@@ -3,12 +3,12 @@
 
     python -m vllm_omni.cpp.calibrate MODEL -pp 2      # about a minute for a tiny model on CPU
 
-Runs a short profile through a real engine (CPP worker timeline, plain fixed-size chunks, prefix
-caching off): prompts whose chunks cover a range of chunk sizes and context lengths. Every rank
-times every step; a step's latency is its slowest rank's busy time, the pipeline's bottleneck.
-The fit (`CostModel.fit`) is written where the CPP scheduler looks for it
-(`cost_model_source.calibration_path_for`), so later engines for the same model, pipeline size,
-dtype and device use it without any flag.
+Runs a short profile through a real CPP engine (worker step timeline, prefix caching off): long
+prompts prefilled in different numbers of steps (the per-request `cpp_num_steps`), so chunks of many
+sizes run after many context lengths, plus short prompts. Every rank times every step; a step's
+latency is its slowest rank's busy time, the pipeline's bottleneck. The fit (`CostModel.fit`) is
+written where the CPP scheduler looks for it (`cost_model_source.calibration_path_for`), so later
+engines for the same model, pipeline size, dtype and device use it without any flag.
 """
 
 from __future__ import annotations
@@ -18,11 +18,20 @@ import random
 from typing import Any
 
 from vllm_omni.cpp.cost_model import CostModel, FitResult, StepSample
+from vllm_omni.cpp.scheduler import NUM_STEPS_ARG
 
-PROFILE_CHUNK = 2048
-# Prompt lengths: full PROFILE_CHUNK chunks at growing context, plus remainders of other sizes.
-PROFILE_LENGTHS = (16384 + 96, 8192 + 640, 4096 + 1280, 3072, 1536 + 32, 768, 256)
-WARMUP_LENGTHS = (PROFILE_CHUNK + 16, 64)
+# (prompt length, steps to prefill it in): chunk sizes from ~40 to ~4K tokens, contexts up to 16K.
+PROFILE = (
+    (16384, 4),
+    (16384, 10),
+    (16384, 24),
+    (16384, 60),
+    (6144, 2),
+    (6144, 30),
+    (1024, 1),
+    (256, 1),
+)
+WARMUP = ((4096, 2), (64, 1))
 
 
 def samples_from_records(records_per_rank: list[list[dict[str, Any]]]) -> list[StepSample]:
@@ -40,23 +49,24 @@ def samples_from_records(records_per_rank: list[list[dict[str, Any]]]) -> list[S
     return samples
 
 
-def profile(llm, lengths=PROFILE_LENGTHS, seed: int = 0) -> list[StepSample]:
-    """Run one prompt at a time through `llm` (built with the CPP worker) and collect samples."""
+def profile(llm, prompts=PROFILE, seed: int = 0) -> list[StepSample]:
+    """Run one prompt at a time through `llm` (a CPP engine) and collect samples."""
     from vllm import SamplingParams
 
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(seed)
-    params = SamplingParams(max_tokens=1, temperature=0.0)
-    for n in WARMUP_LENGTHS:
-        llm.generate(
-            [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(n)]}], params, use_tqdm=False
-        )
+
+    def run(length: int, num_steps: int) -> None:
+        params = SamplingParams(max_tokens=1, extra_args={NUM_STEPS_ARG: num_steps})
+        prompt = {"prompt_token_ids": [rng.randrange(vocab) for _ in range(length)]}
+        llm.generate([prompt], params, use_tqdm=False)
+
+    for length, num_steps in WARMUP:
+        run(length, num_steps)
     llm.collective_rpc("cpp_take_step_records")
     samples: list[StepSample] = []
-    for n in lengths:
-        llm.generate(
-            [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(n)]}], params, use_tqdm=False
-        )
+    for length, num_steps in prompts:
+        run(length, num_steps)
         samples += samples_from_records(llm.collective_rpc("cpp_take_step_records"))
     return samples
 
@@ -68,23 +78,23 @@ def calibrate(
     from vllm import LLM
 
     from vllm_omni.cpp.cost_model_source import calibration_path_for
-    from vllm_omni.cpp.worker import worker_cls_for_platform
+    from vllm_omni.cpp.engine_args import cpp_engine_args
 
-    llm = LLM(
-        model=model,
+    longest = max(length for length, _ in PROFILE)
+    engine_args = cpp_engine_args(
         pipeline_parallel_size=pipeline_parallel_size,
-        max_num_batched_tokens=PROFILE_CHUNK,
         enable_prefix_caching=False,
-        worker_cls=worker_cls_for_platform(),
-        max_model_len=max(PROFILE_LENGTHS) + 64,
+        max_model_len=longest + 64,
         **engine_args,
     )
+    llm = LLM(model=model, **engine_args)
     result = CostModel.fit(profile(llm))
     if save:
         path = calibration_path_for(llm.llm_engine.vllm_config)
         path.parent.mkdir(parents=True, exist_ok=True)
         result.model.save(path)
         print(f"[calibrate] saved {path}")
+    llm.llm_engine.engine_core.shutdown()
     del llm
     return result
 
@@ -99,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     m = result.model
     print(
         f"[calibrate] per step: {m.step_overhead * 1e3:.2f} ms + {m.linear * 1e6:.3f} us/token "
-        f"+ {m.attention * 1e9:.3f} ns/(token x context); relative RMS error "
+        f"+ {m.attention * 1e9:.3f} ns/(token x context) + {m.context * 1e6:.3f} us/context token "
+        f"per chunk; relative RMS error "
         f"{result.rel_rmse:.1%} over {result.num_samples} steps"
     )
 

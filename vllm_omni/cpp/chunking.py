@@ -109,3 +109,35 @@ def optimal_num_steps(
         return (m + pp_size - 1) * (prefill_cost / m + step_overhead)
 
     return min(candidates, key=makespan)
+
+
+def budget_for_steps(
+    cost_model: CostModel,
+    num_tokens: int,
+    num_steps: int,
+    start: int = 0,
+    block_size: int = 16,
+    min_chunk: int = 0,
+) -> float:
+    """The smallest step budget whose plan prefills tokens start..num_tokens in at most num_steps
+    chunks. total / num_steps alone leaves a short last chunk (every chunk is rounded down to a
+    block), which drags the mean load down; the smallest fitting budget keeps the last one full.
+    """
+    _check_int("num_steps", num_steps, 1)
+    total = cost_model.chunk_cost(num_tokens - start, start)
+    if num_steps == 1 or total == 0:
+        return total
+
+    def fits(budget: float) -> bool:
+        plan = plan_chunks(num_tokens, cost_model, budget, block_size, min_chunk, start)
+        return len(plan) <= num_steps
+
+    low, high = total / num_steps, total / (num_steps - 1)
+    while not fits(high):
+        low, high = high, high * 1.5
+    if fits(low):
+        return low
+    for _ in range(24):  # bisection to ~1e-7 of the interval
+        mid = (low + high) / 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high

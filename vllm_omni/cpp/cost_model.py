@@ -121,19 +121,25 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class CostModel:
-    """cost(x, L) = linear * x + attention * x * (L + x / 2), plus step_overhead per step.
+    """cost(x, L) = linear * x + attention * x * (L + x / 2) + context * L for x > 0, plus
+    step_overhead per step.
 
     Coefficients are in `unit` ("flop": analytic, "s": fitted wall time) per token, per
-    token-key pair and per step. linear or attention must be > 0, else no budget bounds a chunk.
+    token-key pair, per cached token and per step. `context` is a chunk's pass over the cached
+    keys and values, paid once per chunk whatever its size: FLOPs do not see it (0 in the analytic
+    model), but on a CPU it makes small chunks after a long context slow (measured: tens of ms per
+    chunk at 32K tokens of context for the tiny 8-layer model), so calibration fits it.
+    linear or attention must be > 0, else no budget bounds a chunk.
     """
 
     linear: float
     attention: float
     step_overhead: float = 0.0
     unit: str = "flop"
+    context: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("linear", "attention", "step_overhead"):
+        for name in ("linear", "attention", "step_overhead", "context"):
             _check_real(name, getattr(self, name))
         if self.linear == 0 and self.attention == 0:
             raise ValueError("linear and attention are both 0: chunks would cost nothing")
@@ -145,7 +151,9 @@ class CostModel:
         x, cached = num_new_tokens, num_cached_tokens
         if x < 0 or cached < 0:
             raise ValueError(f"num_new_tokens ({x}) and num_cached_tokens ({cached}) must be >= 0")
-        return self.linear * x + self.attention * x * (cached + x / 2)
+        if x == 0:
+            return 0.0
+        return self.linear * x + self.attention * x * (cached + x / 2) + self.context * cached
 
     def step_cost(self, chunks: Iterable[tuple[int, int]]) -> float:
         """step_overhead + the cost of each (num_new_tokens, num_cached_tokens); a decode is x=1."""
@@ -154,14 +162,17 @@ class CostModel:
     def max_chunk(self, num_cached_tokens: int, budget: float) -> int:
         """Largest int x >= 0 with chunk_cost(x, num_cached_tokens) <= budget (exact).
 
-        Solves (attention / 2) x^2 + (linear + attention * L) x = budget in closed form, then
-        steps by +-1 so the inequality holds exactly as `chunk_cost` evaluates it in floats.
+        Solves (attention / 2) x^2 + (linear + attention * L) x = budget - context * L in closed
+        form, then steps by +-1 so the inequality holds exactly as `chunk_cost` evaluates it.
         """
         _check_real("budget", budget)
+        budget_left = budget - self.context * num_cached_tokens
+        if budget_left <= 0:
+            return 0
         slope = self.linear + self.attention * num_cached_tokens
         # 2c / (b + sqrt(b^2 + 4ac)) is the positive root without cancellation (also for a = 0).
-        denom = slope + math.sqrt(slope * slope + 2 * self.attention * budget)
-        x = int(2 * budget / denom) if denom > 0 else 0  # denom is 0 only when budget is 0
+        denom = slope + math.sqrt(slope * slope + 2 * self.attention * budget_left)
+        x = int(2 * budget_left / denom) if denom > 0 else 0
         while self.chunk_cost(x + 1, num_cached_tokens) <= budget:
             x += 1
         while x > 0 and self.chunk_cost(x, num_cached_tokens) > budget:
@@ -190,15 +201,24 @@ class CostModel:
         return cls(linear, attention, overhead, "flop")
 
     @classmethod
-    def fit(cls, samples: Iterable[StepSample], step_overhead: bool = True) -> FitResult:
-        """Fit seconds ~ c + a * sum(x) + b * sum(x * (L + x / 2)) with a, b, c >= 0.
+    def fit(
+        cls, samples: Iterable[StepSample], step_overhead: bool = True, context: bool = True
+    ) -> FitResult:
+        """Fit seconds ~ c + a * sum(x) + b * sum(x * (L + x / 2)) + d * sum(L), coefficients >= 0.
+
+        `context=False` leaves d out (0); it needs chunks of different sizes at similar contexts.
 
         Residuals are relative (each row weighted by 1 / seconds): step times span decodes of
         milliseconds to prefills of seconds, and the planner needs relative accuracy at both
         ends. `rel_rmse` is the root-mean-square of (predicted - measured) / measured.
         """
         samples = list(samples)
-        names = ("step_overhead", "linear", "attention")[0 if step_overhead else 1 :]
+        all_names = ("step_overhead", "linear", "attention", "context")
+        names = tuple(
+            n
+            for n in all_names
+            if (n != "step_overhead" or step_overhead) and (n != "context" or context)
+        )
         if len(samples) < len(names):
             raise ValueError(f"samples: need at least {len(names)}, got {len(samples)}")
         y = np.array([s.seconds for s in samples])
@@ -208,11 +228,13 @@ class CostModel:
                     1.0,
                     sum(x for x, _ in s.chunks),
                     sum(x * (cached + x / 2) for x, cached in s.chunks),
+                    sum(cached for x, cached in s.chunks if x > 0),
                 ]
                 for s in samples
             ]
         )
-        weighted = feats[:, -len(names) :] / y[:, None]  # without step_overhead: drop the 1s
+        columns = [all_names.index(n) for n in names]
+        weighted = feats[:, columns] / y[:, None]
         # Column scaling: sum(x * L) is ~1e6 times sum(x); unscaled lstsq would lose digits.
         scale = np.linalg.norm(weighted, axis=0)
         scale[scale == 0] = 1.0
@@ -221,7 +243,13 @@ class CostModel:
         values = dict(zip(names, (best / scale).tolist()))
         if values["linear"] == 0 and values["attention"] == 0:
             raise ValueError("samples: step time does not grow with tokens; cannot fit a cost")
-        model = cls(values["linear"], values["attention"], values.get("step_overhead", 0.0), "s")
+        model = cls(
+            values["linear"],
+            values["attention"],
+            values.get("step_overhead", 0.0),
+            "s",
+            values.get("context", 0.0),
+        )
         return FitResult(model, math.sqrt(best_sq / len(samples)), len(samples))
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,13 +257,14 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
-        """Inverse of to_dict; an unknown or missing key raises ValueError naming it."""
+        """Inverse of to_dict; an unknown or missing key raises ValueError naming it ("context"
+        may be missing: files written before it existed)."""
         known = [f.name for f in fields(cls)]
         for key in data:
             if key not in known:
                 raise ValueError(f"unknown cost model key {key!r} (known: {known})")
         for key in known:
-            if key not in data:
+            if key not in data and key != "context":
                 raise ValueError(f"cost model lacks key {key!r}")
         return cls(**data)
 

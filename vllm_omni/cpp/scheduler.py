@@ -28,12 +28,21 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from vllm_omni.cpp.chunking import next_chunk_size, optimal_num_steps
+from vllm_omni.cpp.chunking import budget_for_steps, next_chunk_size, optimal_num_steps
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel
 from vllm_omni.cpp.cost_model_source import resolve_cost_model
 
 logger = init_logger(__name__)
+
+NUM_STEPS_ARG = "cpp_num_steps"
+"""Per-request override of CPPConfig.num_steps in SamplingParams.extra_args (OpenAI: vllm_xargs)."""
+
+
+def requested_num_steps(request: Request) -> int | None:
+    params = request.sampling_params
+    value = params.extra_args.get(NUM_STEPS_ARG) if params and params.extra_args else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class CPPScheduler(Scheduler):
@@ -44,6 +53,7 @@ class CPPScheduler(Scheduler):
         config = CPPConfig.from_additional_config(self.vllm_config.additional_config)
         self.cpp_config = config or CPPConfig()
         self.pp_size = self.vllm_config.parallel_config.pipeline_parallel_size
+        self.chunk_align = self.cpp_config.chunk_align or self.block_size
         self.cost_model: CostModel = resolve_cost_model(self.cpp_config, self.vllm_config)
         self._prefill_budgets: dict[str, float] = {}
         self._step_budget_left: float | None = None
@@ -72,13 +82,27 @@ class CPPScheduler(Scheduler):
         if budget is None:
             remaining = request.num_tokens - num_computed_tokens
             total = self.cost_model.chunk_cost(remaining, num_computed_tokens)
-            num_steps = self.cpp_config.num_steps or optimal_num_steps(
-                total,
-                self.cost_model.step_overhead,
-                self.pp_size,
-                max_steps=max(1, math.ceil(remaining / self.block_size)),
+            num_steps = requested_num_steps(request) or self.cpp_config.num_steps
+            if num_steps is None:
+                # Each extra step pays the fixed step cost and one more pass over the context
+                # (on average about half way through this prefill).
+                per_step = self.cost_model.step_overhead + self.cost_model.context * (
+                    num_computed_tokens + remaining / 2
+                )
+                num_steps = optimal_num_steps(
+                    total,
+                    per_step,
+                    self.pp_size,
+                    max_steps=max(1, math.ceil(remaining / self.chunk_align)),
+                )
+            budget = budget_for_steps(
+                self.cost_model,
+                request.num_tokens,
+                num_steps,
+                start=num_computed_tokens,
+                block_size=self.chunk_align,
+                min_chunk=self.cpp_config.min_chunk,
             )
-            budget = total / num_steps
             self._prefill_budgets[request.request_id] = budget
         return budget
 
@@ -103,7 +127,7 @@ class CPPScheduler(Scheduler):
             num_computed_tokens,
             remaining,
             self._step_budget_left,
-            block_size=self.block_size,
+            block_size=self.chunk_align,
             min_chunk=self.cpp_config.min_chunk,
         )
         chunk = min(chunk, num_new_tokens)

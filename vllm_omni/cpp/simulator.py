@@ -107,8 +107,9 @@ def stage_times(chunks: Sequence[int], cost_model: CostModel, start: int = 0) ->
     return times
 
 
-def closed_form_makespan(chunks: Sequence[int], cost_model: CostModel, pp_size: int,
-                         start: int = 0, comm_s: float = 0.0) -> float:
+def closed_form_makespan(
+    chunks: Sequence[int], cost_model: CostModel, pp_size: int, start: int = 0, comm_s: float = 0.0
+) -> float:
     """sum(s_i) + (p - 1) * (max(s_i) + comm_s): equals `simulate(...).makespan` (up to float
     rounding) for every chunk order when max_in_flight is None (proof: module docstring)."""
     _check_int("pp_size", pp_size, 1)
@@ -119,8 +120,14 @@ def closed_form_makespan(chunks: Sequence[int], cost_model: CostModel, pp_size: 
     return sum(times) + (pp_size - 1) * (max(times) + comm_s)
 
 
-def simulate(chunks: Sequence[int], cost_model: CostModel, pp_size: int, start: int = 0,
-             comm_s: float = 0.0, max_in_flight: int | None = None) -> SimResult:
+def simulate(
+    chunks: Sequence[int],
+    cost_model: CostModel,
+    pp_size: int,
+    start: int = 0,
+    comm_s: float = 0.0,
+    max_in_flight: int | None = None,
+) -> SimResult:
     """Run chunk sizes `chunks` (tokens, in order, after `start` cached tokens) through
     `pp_size` equal-speed stages. See the module docstring for the timing rule.
 
