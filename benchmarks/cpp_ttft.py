@@ -249,7 +249,7 @@ def main() -> None:
                 {
                     "machine": {"cpus": os.cpu_count()},
                     "cost_model": cost_model.to_dict(),
-            "cost_model_pp": 2,
+                    "cost_model_pp": 2,
                     "ratios": ratios,
                     "records": [
                         {

@@ -39,7 +39,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vllm.logger import init_logger
+from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
 

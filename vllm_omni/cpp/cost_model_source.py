@@ -10,10 +10,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vllm.logger import init_logger
-
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel, ModelShape
+from vllm_omni.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 
-from vllm.logger import init_logger
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
@@ -32,6 +31,7 @@ from vllm_omni.cpp.chunking import budget_for_steps, next_chunk_size, optimal_nu
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel
 from vllm_omni.cpp.cost_model_source import resolve_cost_model
+from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from vllm.logger import init_logger
+from vllm_omni.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

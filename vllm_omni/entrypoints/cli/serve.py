@@ -13,9 +13,9 @@ import argparse
 from pathlib import Path
 
 from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.logger import init_logger
 
 from vllm_omni.cpp.cli import add_cpp_args, apply_cpp_args
+from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
 
