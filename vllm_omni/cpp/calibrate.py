@@ -3,12 +3,13 @@
 
     python -m vllm_omni.cpp.calibrate MODEL -pp 2      # about a minute for a tiny model on CPU
 
-Runs a short profile through a real CPP engine (worker step timeline, prefix caching off): long
-prompts prefilled in different numbers of steps (the per-request `cpp_num_steps`), so chunks of many
-sizes run after many context lengths, plus short prompts. Every rank times every step; a step's
-latency is its slowest rank's busy time, the pipeline's bottleneck. The fit (`CostModel.fit`) is
-written where the CPP scheduler looks for it (`cost_model_source.calibration_path_for`), so later
-engines for the same model, pipeline size, dtype and device use it without any flag.
+Runs a short profile through a real CPP engine (worker step timeline, prefix caching off): prompts
+of up to --max-context tokens (default 32K) prefilled in different numbers of steps (the
+per-request `cpp_num_steps`), so chunks of many sizes run after many context lengths, plus short
+prompts. Every rank times every step; a step's latency is its slowest rank's busy time, the
+pipeline's bottleneck. The fit (`CostModel.fit`) is written where the CPP scheduler looks for it
+(`cost_model_source.calibration_path_for`), so later engines for the same model, pipeline size,
+dtype and device use it without any flag.
 """
 
 from __future__ import annotations
@@ -20,17 +21,27 @@ from typing import Any
 from vllm_omni.cpp.cost_model import CostModel, FitResult, StepSample
 from vllm_omni.cpp.scheduler import NUM_STEPS_ARG
 
-# (prompt length, steps to prefill it in): chunk sizes from ~40 to ~4K tokens, contexts up to 16K.
-PROFILE = (
-    (16384, 4),
-    (16384, 10),
-    (16384, 24),
-    (16384, 60),
-    (6144, 2),
-    (6144, 30),
-    (1024, 1),
-    (256, 1),
-)
+DEFAULT_MAX_CONTEXT = 32768
+
+
+def profile_prompts(max_context: int) -> list[tuple[int, int]]:
+    """(prompt length, steps to prefill it in): chunks of ~40 to ~4K tokens after contexts up to
+    `max_context`. The per-chunk cost of a pass over the context grows faster than linearly once
+    the KV cache outgrows the CPU caches, so calibrate over the contexts you will serve."""
+    top, mid, low = max_context, max_context // 2, max(max_context // 8, 1024)
+    return [
+        (top, 8),
+        (top, 32),
+        (mid, 4),
+        (mid, 12),
+        (mid, 40),
+        (low, 2),
+        (low, 20),
+        (1024, 1),
+        (256, 1),
+    ]
+
+
 WARMUP = ((4096, 2), (64, 1))
 
 
@@ -49,7 +60,7 @@ def samples_from_records(records_per_rank: list[list[dict[str, Any]]]) -> list[S
     return samples
 
 
-def profile(llm, prompts=PROFILE, seed: int = 0) -> list[StepSample]:
+def profile(llm, prompts: list[tuple[int, int]], seed: int = 0) -> list[StepSample]:
     """Run one prompt at a time through `llm` (a CPP engine) and collect samples."""
     from vllm import SamplingParams
 
@@ -72,7 +83,11 @@ def profile(llm, prompts=PROFILE, seed: int = 0) -> list[StepSample]:
 
 
 def calibrate(
-    model: str, pipeline_parallel_size: int = 1, save: bool = True, **engine_args: Any
+    model: str,
+    pipeline_parallel_size: int = 1,
+    save: bool = True,
+    max_context: int = DEFAULT_MAX_CONTEXT,
+    **engine_args: Any,
 ) -> FitResult:
     """Profile `model` in a fresh engine, fit the cost model, and cache it for CPP."""
     from vllm import LLM
@@ -80,7 +95,8 @@ def calibrate(
     from vllm_omni.cpp.cost_model_source import calibration_path_for
     from vllm_omni.cpp.engine_args import cpp_engine_args
 
-    longest = max(length for length, _ in PROFILE)
+    prompts = profile_prompts(max_context)
+    longest = max(length for length, _ in prompts)
     engine_args = cpp_engine_args(
         pipeline_parallel_size=pipeline_parallel_size,
         enable_prefix_caching=False,
@@ -88,7 +104,7 @@ def calibrate(
         **engine_args,
     )
     llm = LLM(model=model, **engine_args)
-    result = CostModel.fit(profile(llm))
+    result = CostModel.fit(profile(llm, prompts))
     if save:
         path = calibration_path_for(llm.llm_engine.vllm_config)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,8 +120,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model")
     parser.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=DEFAULT_MAX_CONTEXT,
+        help="longest prompt profiled; calibrate over the contexts you serve",
+    )
     args = parser.parse_args(argv)
-    result = calibrate(args.model, args.pipeline_parallel_size, dtype=args.dtype)
+    result = calibrate(
+        args.model, args.pipeline_parallel_size, max_context=args.max_context, dtype=args.dtype
+    )
     m = result.model
     print(
         f"[calibrate] per step: {m.step_overhead * 1e3:.2f} ms + {m.linear * 1e6:.3f} us/token "
