@@ -40,7 +40,6 @@ class Config:
     name: str
     pp: int
     engine_args: dict[str, Any]
-    chunk: int | None = None  # fixed chunk size (plain vLLM), None for PP=1 default and CPP
 
 
 @dataclass
@@ -67,13 +66,12 @@ def configs(chunks: tuple[int, ...], model_len: int) -> list[Config]:
     # 1 GiB of KV per worker holds 512K tokens of the tiny model; two engines are up at once.
     base = dict(max_model_len=model_len, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 30)
     timed = dict(base, worker_cls=worker_cls_for_platform())
-    out = [Config("plain PP=1", 1, dict(timed, max_num_batched_tokens=2048), 2048)]
+    out = [Config("plain PP=1", 1, dict(timed, max_num_batched_tokens=2048))]
     out += [
         Config(
             f"plain PP=2 chunk {c}",
             2,
             dict(timed, pipeline_parallel_size=2, max_num_batched_tokens=c),
-            c,
         )
         for c in chunks
     ]
