@@ -11,3 +11,22 @@ try:
     __version__ = version("vllm-omni")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
+
+# The public API, imported on first use so that `import vllm_omni` (which vLLM's plugin loader
+# does in every process) stays cheap.
+_LAZY = {
+    "OmniLLM": "vllm_omni.entrypoints.omni_llm",
+    "AsyncOmniLLM": "vllm_omni.entrypoints.async_omni_llm",
+    "DiffusionSamplingParams": "vllm_omni.diffusion.params",
+    "OmniRequestOutput": "vllm_omni.outputs",
+    "StageGraph": "vllm_omni.config.stage_config",
+    "StageConfig": "vllm_omni.config.stage_config",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vllm_omni' has no attribute {name!r}")

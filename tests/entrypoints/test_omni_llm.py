@@ -1,0 +1,125 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OmniLLM end to end on the tiny Qwen-Image pipeline: text encoder on a real vLLM engine
+(pooling), DiT in its own process. Images must equal diffusers' own pipeline's."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from vllm_omni import DiffusionSamplingParams, OmniLLM
+
+from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+
+pytestmark = pytest.mark.engine
+
+CASES = [
+    (
+        "a red cat on a blue sofa",
+        DiffusionSamplingParams(height=64, width=64, num_inference_steps=3, seed=7),
+    ),
+    (
+        "a lighthouse at night, with a long beam of light across the sea",
+        DiffusionSamplingParams(
+            height=64, width=96, num_inference_steps=2, seed=8, negative_prompt="blurry"
+        ),
+    ),
+    ("two apples", DiffusionSamplingParams(height=64, width=64, num_inference_steps=2, seed=9)),
+]
+
+
+@pytest.fixture(scope="module")
+def omni(tiny_models):
+    llm = OmniLLM(
+        tiny_models["qwen-image"],
+        stage_overrides={"text_encoder": {"engine_args": {"enforce_eager": True}}},
+    )
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_models):
+    return load_pipeline(tiny_models["qwen-image"])
+
+
+def test_images_match_diffusers(omni, pipe) -> None:
+    outputs = omni.generate(
+        [prompt for prompt, _ in CASES], {"dit": [p for _, p in CASES][0]}, use_tqdm=False
+    )
+    assert len(outputs) == 3
+    # Per-request parameters: one call per case, all in flight together.
+    futures = [omni.add_request(prompt, p) for prompt, p in CASES]
+    for (prompt, p), future in zip(CASES, futures):
+        out = future.result(timeout=120)
+        image = out.images[0]
+        assert image.size == (p.width, p.height)
+        assert out.seed == p.seed
+        diff = max_pixel_diff(image, reference_image(pipe, prompt, p))
+        assert diff <= 2, f"{prompt!r}: max pixel difference {diff} > 2/255"
+        timings = out.stage_timings
+        assert set(timings) == {"text_encoder", "dit"}
+        assert timings["text_encoder"].end <= timings["dit"].queued <= timings["dit"].end
+
+
+def test_deterministic_per_seed(omni) -> None:
+    p = DiffusionSamplingParams(height=64, width=64, num_inference_steps=2)
+    first, second = omni.generate(["a cat", "a cat"], p, use_tqdm=False)
+    assert first.seed != second.seed  # fresh seeds when none is given ...
+    again = omni.generate(
+        "a cat",
+        DiffusionSamplingParams(height=64, width=64, num_inference_steps=2, seed=first.seed),
+        use_tqdm=False,
+    )[0]
+    assert max_pixel_diff(first.images[0], again.images[0]) == 0  # ... and each one reproduces
+
+
+def test_latent_output(omni) -> None:
+    p = DiffusionSamplingParams(
+        height=64, width=32, num_inference_steps=1, seed=0, output_type="latent"
+    )
+    out = omni.generate("a cat", p, use_tqdm=False)[0]
+    assert out.images == []
+    assert out.latents.shape == (64 // 16 * 32 // 16, 64)  # packed 2x2 patches x channels
+
+
+def test_abort_frees_dit_cache_and_kv_blocks(omni) -> None:
+    slow = DiffusionSamplingParams(height=64, width=64, num_inference_steps=1000, seed=1)
+    future = omni.add_request("a very slow cat", slow, request_id="to-abort")
+    deadline = time.monotonic() + 120
+    while omni.get_stage_stats()["dit"]["cache_entries"] == 0:
+        assert time.monotonic() < deadline, "the request never reached the DiT stage"
+        time.sleep(0.1)
+    assert omni.abort("to-abort")
+    with pytest.raises((asyncio.CancelledError, Exception)) as info:
+        future.result(timeout=60)
+    assert future.cancelled() or isinstance(info.value, asyncio.CancelledError)
+    stats = omni.get_stage_stats()
+    assert stats["dit"]["cache_entries"] == 0 and stats["dit"]["cache_bytes"] == 0
+    assert stats["dit"]["num_running"] == 0 and stats["dit"]["num_waiting"] == 0
+    assert stats["requests"]["running"] == 0 and stats["requests"]["aborted"] >= 1
+    assert not omni.abort("to-abort")
+    # The engine keeps serving, and the text encoder holds no KV blocks afterwards.
+    out = omni.generate("a cat", CASES[0][1], use_tqdm=False)[0]
+    assert out.images[0].size == (64, 64)
+    ar = omni.get_stage_stats()["text_encoder"]
+    assert ar["kv_cache_usage"] == 0.0 and ar["num_running"] == 0
+
+
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ("", None, "prompt: must not be empty"),
+        (3, None, "prompt: must be a string or a mapping"),
+        ({"prompt": "x", "style": "y"}, None, r"prompt\.style: unknown field"),
+        ("x", DiffusionSamplingParams(height=70, width=64), "height: must be a multiple of 16"),
+        ("x", {"nope": None}, r"sampling_params\.nope: no such stage"),
+        ("x", {"dit": "fast"}, r"sampling_params\.dit: a DiT stage takes DiffusionSamplingParams"),
+        ("x", [None], "sampling_params: a list needs one entry per stage"),
+    ],
+)
+def test_bad_input_names_the_field(omni, prompt, params, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        omni.generate(prompt, params, use_tqdm=False)

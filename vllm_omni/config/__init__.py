@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Stage graphs: what stages a model has, how they connect, how each one runs."""

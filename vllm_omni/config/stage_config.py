@@ -1,0 +1,233 @@
+# SPDX-License-Identifier: Apache-2.0
+"""StageConfig and StageGraph: a model as a DAG of stages, each on its own engine.
+
+A stage names its engine type (`AR`: a vLLM engine; `DiT`: a diffusion engine), its model
+folder, and scheduler/executor/processor by registered name - never by import string. Edges
+carry named tensors: `inputs: {prompt_embeds: text_encoder.prompt_embeds}` feeds the tensor
+`prompt_embeds` of stage `text_encoder` into this stage under the same name. A stage runs for
+a request once all its source stages have finished it (fan-in); a stage's outputs can feed
+any number of stages (fan-out). Stages without inputs receive the request's prompt.
+
+The YAML file format is this structure (docs/omni.md); every field is validated on load and
+errors name the field, e.g. `stages[1].dit.max_num_seqs: must be an integer >= 1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_omni.diffusion.config import DiTConfig
+from vllm_omni.diffusion.scheduler import SCHEDULING_MODES
+
+ENGINE_TYPES = ("AR", "DiT")
+# Registered names, per engine type.
+SCHEDULERS = {"AR": ("default", "cpp"), "DiT": SCHEDULING_MODES}
+EXECUTORS = {"AR": ("auto", "mp", "uni", "ray"), "DiT": ("diffusers",)}
+DEFAULT_SCHEDULER = {"AR": "default", "DiT": "step"}
+DEFAULT_EXECUTOR = {"AR": "auto", "DiT": "diffusers"}
+
+
+def _processors() -> tuple[str, ...]:
+    from vllm_omni.engine.stage_processors import PROCESSORS
+
+    return tuple(PROCESSORS)
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    name: str
+    engine_type: str
+    model: str
+    input_modalities: tuple[str, ...] = ("text",)
+    output_modalities: tuple[str, ...] = ("text",)
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    processor: str | None = None
+    tokenizer: str | None = None
+    scheduler: str | None = None
+    executor: str | None = None
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+    dit: Mapping[str, Any] = field(default_factory=dict)
+    max_inflight: int = 64
+    final_output: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"name: must be an identifier, got {self.name!r}")
+        if self.engine_type not in ENGINE_TYPES:
+            raise ValueError(
+                f"engine_type: must be one of {ENGINE_TYPES}, got {self.engine_type!r}"
+            )
+        if self.scheduler is None:
+            object.__setattr__(self, "scheduler", DEFAULT_SCHEDULER[self.engine_type])
+        if self.executor is None:
+            object.__setattr__(self, "executor", DEFAULT_EXECUTOR[self.engine_type])
+        if self.scheduler not in SCHEDULERS[self.engine_type]:
+            raise ValueError(
+                f"scheduler: {self.engine_type} stages take one of "
+                f"{SCHEDULERS[self.engine_type]}, got {self.scheduler!r}"
+            )
+        if self.executor not in EXECUTORS[self.engine_type]:
+            raise ValueError(
+                f"executor: {self.engine_type} stages take one of "
+                f"{EXECUTORS[self.engine_type]}, got {self.executor!r}"
+            )
+        if self.processor is not None and self.processor not in _processors():
+            raise ValueError(f"processor: must be one of {_processors()}, got {self.processor!r}")
+        for key, source in self.inputs.items():
+            if not isinstance(source, str) or source.count(".") != 1:
+                raise ValueError(f"inputs.{key}: must be 'stage.tensor', got {source!r}")
+        if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
+            raise ValueError(f"max_inflight: must be an integer >= 1, got {self.max_inflight!r}")
+        if self.engine_type == "DiT":
+            self.dit_config()  # validate now, not when the stage starts
+        elif self.dit:
+            raise ValueError("dit: only DiT stages take DiT settings")
+        if self.engine_type == "DiT" and self.engine_args:
+            raise ValueError("engine_args: DiT stages take their settings under 'dit'")
+
+    @property
+    def sources(self) -> list[str]:
+        return sorted({source.split(".")[0] for source in self.inputs.values()})
+
+    def dit_config(self) -> DiTConfig:
+        return DiTConfig.from_dict({"model": self.model, **self.dit}, where="dit")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], base_dir: Path | None = None) -> StageConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown field; known: {sorted(known)}")
+        for required in ("name", "engine_type", "model"):
+            if required not in values:
+                raise ValueError(f"{required}: required")
+        values = dict(values)
+        for key in ("model", "tokenizer"):
+            if values.get(key) is not None:
+                values[key] = _resolve_path(key, values[key], base_dir)
+        for key in ("input_modalities", "output_modalities"):
+            if key in values:
+                values[key] = tuple(values[key])
+        for key in ("inputs", "engine_args", "dit"):
+            if key in values and not isinstance(values[key], Mapping):
+                raise ValueError(f"{key}: must be a mapping, got {type(values[key]).__name__}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class StageGraph:
+    stages: tuple[StageConfig, ...]
+    model_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("stages: at least one stage is required")
+        names = [s.name for s in self.stages]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"stages[{i}].name: duplicate stage name {name!r}")
+        for i, stage in enumerate(self.stages):
+            for key, source in stage.inputs.items():
+                src = source.split(".")[0]
+                if src not in names:
+                    raise ValueError(f"stages[{i}].inputs.{key}: unknown stage {src!r}")
+                if src == stage.name:
+                    raise ValueError(f"stages[{i}].inputs.{key}: a stage cannot feed itself")
+        self.topological_order()  # raises on cycles
+
+    def __getitem__(self, name: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def topological_order(self) -> list[StageConfig]:
+        done: list[str] = []
+        pending = list(self.stages)
+        while pending:
+            ready = [s for s in pending if all(src in done for src in s.sources)]
+            if not ready:
+                raise ValueError(f"stages: the graph has a cycle among {[s.name for s in pending]}")
+            for s in ready:
+                done.append(s.name)
+                pending.remove(s)
+        return [self[name] for name in done]
+
+    @property
+    def final_stages(self) -> list[StageConfig]:
+        marked = [s for s in self.stages if s.final_output]
+        if marked:
+            return marked
+        fed = {src for s in self.stages for src in s.sources}
+        return [s for s in self.stages if s.name not in fed]
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], base_dir: Path | None = None) -> StageGraph:
+        if not isinstance(values, Mapping):
+            raise ValueError("stage graph: must be a mapping with a 'stages' list")
+        unknown = sorted(set(values) - {"stages", "model_type"})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown field; known: ['model_type', 'stages']")
+        raw = values.get("stages")
+        if not isinstance(raw, list):
+            raise ValueError("stages: must be a list")
+        stages = []
+        for i, stage in enumerate(raw):
+            if not isinstance(stage, Mapping):
+                raise ValueError(f"stages[{i}]: must be a mapping")
+            try:
+                stages.append(StageConfig.from_dict(stage, base_dir))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"stages[{i}].{e}") from None
+        return cls(stages=tuple(stages), model_type=values.get("model_type"))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, base_dir: str | Path | None = None) -> StageGraph:
+        """Load a YAML stage graph; relative model paths resolve against `base_dir` (default:
+        the YAML file's folder)."""
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {e}") from None
+        return cls.from_dict(values, Path(base_dir) if base_dir else path.parent)
+
+
+def apply_overrides(
+    values: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, Any]:
+    """Deep-merge per-stage overrides ({stage name: {field: value}}) into a graph dict."""
+    values = {**values, "stages": [dict(s) for s in values["stages"]]}
+    by_name = {s.get("name"): s for s in values["stages"]}
+    for name, fields_ in (overrides or {}).items():
+        if name not in by_name:
+            raise ValueError(f"stage_overrides.{name}: no such stage; stages: {list(by_name)}")
+        _merge(by_name[name], fields_)
+    return values
+
+
+def _merge(target: dict, update: Mapping) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(target.get(key), Mapping):
+            target[key] = dict(target[key])
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
+def _resolve_path(key: str, value: Any, base_dir: Path | None) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key}: must be a non-empty path, got {value!r}")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return str(path)

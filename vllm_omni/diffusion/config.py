@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DiTConfig: how a diffusion stage loads and runs its pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """`model`: a diffusers pipeline folder (model_index.json). `dtype` "auto" keeps the
+    weights' dtype. `device` "auto" picks CUDA when present. `num_threads`: torch intra-op
+    threads of the DiT process (None: torch's default). `max_num_seqs`: requests batched
+    together. `cache_max_bytes` / `cache_ttl_s`: see DiTCacheConfig."""
+
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    num_threads: int | None = None
+    max_num_seqs: int = 8
+    cache_max_bytes: int | None = None
+    cache_ttl_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model: must be a non-empty path, got {self.model!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads: must be >= 1 or None, got {self.num_threads}")
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be an integer >= 1, got {self.max_num_seqs!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], where: str = "dit") -> DiTConfig:
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                raise ValueError(f"{where}.{key}: unknown field; known: {sorted(known)}")
+        try:
+            return cls(**values)
+        except ValueError as e:
+            raise ValueError(f"{where}.{e}") from None

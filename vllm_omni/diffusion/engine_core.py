@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DiffusionEngineCore: the DiT stage's busy loop, in its own process.
+
+The loop has the shape of vLLM's EngineCore.step - schedule, execute, update - with the
+DiffusionScheduler, DiffusersPipelineExecutor and DiTCacheManager in place of vLLM's. Why not
+vLLM's EngineCore itself: see docs/architecture.md ("Why the DiT stage has its own loop").
+
+Messages in (`inbox`): ("add", request_id, (inputs, params)), ("abort", request_id, None),
+("stats", token, None), ("shutdown", None, None). Messages out (`outbox`): ("ready", None,
+info), ("error", None, traceback), ("done", request_id, result), ("failed", request_id,
+(error type, message)), ("step", None, (start, end, num_requests)), ("stats", token, stats).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from vllm_omni.diffusion.cache_manager import DiTCacheConfig, DiTCacheManager
+from vllm_omni.diffusion.config import DiTConfig
+from vllm_omni.diffusion.executor import DiffusersPipelineExecutor
+from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.scheduler import DiffusionScheduler, DiTSchedulerConfig
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
+
+EXPIRY_CHECK_S = 10.0
+
+
+class DiffusionEngineCore:
+    def __init__(self, config: DiTConfig, mode: str = "step") -> None:
+        self.config = config
+        self.cache = DiTCacheManager(DiTCacheConfig(config.cache_max_bytes, config.cache_ttl_s))
+        self.executor = DiffusersPipelineExecutor(config, self.cache)
+        runner = self.executor.model_runner
+        self.scheduler = DiffusionScheduler(
+            DiTSchedulerConfig(mode=mode, max_num_seqs=config.max_num_seqs),
+            self.cache,
+            runner.estimate_bytes,
+        )
+        self.num_steps = 0
+        self.num_finished = 0
+        self.last_step_s = 0.0
+
+    @property
+    def info(self) -> dict[str, Any]:
+        runner = self.executor.model_runner
+        return {"default_size": runner.default_size, "size_multiple": runner.size_multiple}
+
+    def add_request(
+        self, request_id: str, inputs: dict[str, torch.Tensor], params: DiffusionSamplingParams
+    ) -> None:
+        self.scheduler.add_request(DiTRequest(request_id, params, inputs))
+
+    def abort_request(self, request_id: str) -> bool:
+        return self.scheduler.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> tuple[list[tuple[DiTRequest, object]], float, float]:
+        scheduled = self.scheduler.schedule()
+        start = time.monotonic()
+        if scheduled.is_empty:
+            return [], start, start
+        output = self.executor.execute_model(scheduled, self.scheduler.requests)
+        finished = self.scheduler.update_from_output(scheduled, output)
+        end = time.monotonic()
+        self.num_steps += 1
+        self.num_finished += len(finished)
+        self.last_step_s = end - start
+        return finished, start, end
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "num_waiting": self.scheduler.num_waiting,
+            "num_running": self.scheduler.num_running,
+            "cache_entries": self.cache.num_entries,
+            "cache_bytes": self.cache.num_bytes,
+            "num_steps": self.num_steps,
+            "num_finished": self.num_finished,
+            "last_step_s": self.last_step_s,
+        }
+
+
+def run_dit_stage(config: DiTConfig, mode: str, inbox, outbox) -> None:
+    """Process entry point of a DiT stage."""
+    try:
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        core = DiffusionEngineCore(config, mode)
+    except Exception:
+        outbox.put(("error", None, traceback.format_exc()))
+        return
+    outbox.put(("ready", None, core.info))
+    last_expiry_check = time.monotonic()
+    while True:
+        try:
+            message = inbox.get(block=not core.has_unfinished_requests())
+        except queue.Empty:
+            message = None
+        while message is not None:
+            if not _handle(core, message, outbox):
+                return
+            try:
+                message = inbox.get_nowait()
+            except queue.Empty:
+                message = None
+        if core.has_unfinished_requests():
+            _step(core, outbox)
+        if time.monotonic() - last_expiry_check > EXPIRY_CHECK_S:
+            last_expiry_check = time.monotonic()
+            core.cache.clear_expired()
+
+
+def _handle(core: DiffusionEngineCore, message: tuple, outbox) -> bool:
+    kind, key, payload = message
+    if kind == "add":
+        arrays, params = payload
+        inputs = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        try:
+            core.add_request(key, inputs, params)
+        except ValueError as e:
+            outbox.put(("failed", key, ("ValueError", str(e))))
+    elif kind == "abort":
+        core.abort_request(key)
+    elif kind == "stats":
+        outbox.put(("stats", key, core.stats()))
+    elif kind == "shutdown":
+        return False
+    return True
+
+
+def _step(core: DiffusionEngineCore, outbox) -> None:
+    try:
+        finished, start, end = core.step()
+    except Exception as e:  # fail the requests in flight, keep the stage up
+        logger.exception("DiT step failed")
+        message = f"DiT stage failed: {type(e).__name__}: {e}"
+        for request_id in [r.request_id for r in core.scheduler.running]:
+            core.abort_request(request_id)
+            outbox.put(("failed", request_id, ("RuntimeError", message)))
+        return
+    outbox.put(("step", None, (start, end, core.scheduler.num_running + len(finished))))
+    for request, result in finished:
+        if torch.is_tensor(result):
+            result = result.numpy()  # latents; images are uint8 arrays already
+        outbox.put(("done", request.request_id, result))

@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DiffusersPipelineExecutor: runs a diffusers pipeline in the DiT stage's own process.
+
+No workers and no RPC: the pipeline is loaded here, and `execute_model` runs what the
+DiffusionScheduler scheduled - whole pipeline calls (`fifo` mode, diffusers' own loop, from
+prompt embeddings) or single denoising steps through the DiffusionModelRunner (`step` mode).
+The text encoder is not loaded: prompt embeddings arrive from the AR stage.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.config import DiTConfig
+from vllm_omni.diffusion.model_runner import (
+    NEGATIVE_PROMPT_EMBEDS,
+    PROMPT_EMBEDS,
+    DiffusionModelRunner,
+    _pad_text,
+)
+from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_pipeline(config: DiTConfig, device: torch.device):
+    from diffusers import DiffusionPipeline
+
+    kwargs = {"text_encoder": None, "tokenizer": None}
+    if config.dtype != "auto":
+        kwargs["torch_dtype"] = getattr(torch, config.dtype)
+    pipe = DiffusionPipeline.from_pretrained(config.model, **kwargs)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device)
+
+
+class DiffusersPipelineExecutor:
+    def __init__(self, config: DiTConfig, cache: DiTCacheManager) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        start = time.perf_counter()
+        self.pipe = load_pipeline(config, self.device)
+        self.model_runner = DiffusionModelRunner(self.pipe, cache, self.device)
+        logger.info(
+            "DiT stage: loaded %s (%s) on %s in %.1f s",
+            config.model,
+            type(self.pipe).__name__,
+            self.device,
+            time.perf_counter() - start,
+        )
+
+    def execute_model(
+        self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]
+    ) -> DiTRunnerOutput:
+        groups = [[requests[rid] for rid in group] for group in scheduled.groups]
+        if scheduled.mode == "step":
+            for request_id in scheduled.new_request_ids:
+                self.model_runner.prepare(requests[request_id])
+            finished, seconds = self.model_runner.execute_steps(groups)
+            return DiTRunnerOutput(finished=finished, step_seconds=seconds)
+        out = DiTRunnerOutput()
+        for request_id in scheduled.new_request_ids:  # held while the call runs, for accounting
+            self.model_runner.cache.allocate(request_id, requests[request_id].inputs)
+        for group in groups:
+            start = time.perf_counter()
+            out.finished.update(self._run_pipeline(group))
+            out.step_seconds.append(time.perf_counter() - start)
+        return out
+
+    @torch.inference_mode()
+    def _run_pipeline(self, requests: list[DiTRequest]) -> dict[str, object]:
+        """One diffusers call for requests sharing size, steps and guidance."""
+        p = requests[0].params
+        kwargs = {}
+        names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if p.do_cfg else [])
+        for name in names:
+            rows = [
+                _as_batch(r.inputs[name]).to(self.device, self.pipe.transformer.dtype)
+                for r in requests
+            ]
+            text, mask = _pad_text(rows)
+            if mask is None:
+                mask = torch.ones(text.shape[:2], dtype=torch.long, device=text.device)
+            kwargs[name], kwargs[f"{name}_mask"] = text, mask.long()
+        generators = [torch.Generator(device="cpu").manual_seed(r.params.seed) for r in requests]
+        result = self.pipe(
+            height=p.height,
+            width=p.width,
+            num_inference_steps=p.num_inference_steps,
+            true_cfg_scale=p.true_cfg_scale if p.do_cfg else 1.0,
+            generator=generators,
+            output_type="latent" if p.output_type == "latent" else "pil",
+            **kwargs,
+        ).images
+        if p.output_type == "latent":
+            return {r.request_id: result[i].detach().cpu() for i, r in enumerate(requests)}
+        return {r.request_id: _to_array(img) for r, img in zip(requests, result)}
+
+
+def _as_batch(t: torch.Tensor) -> torch.Tensor:
+    return t[None] if t.dim() == 2 else t
+
+
+def _to_array(image):
+    import numpy as np
+
+    return np.asarray(image)

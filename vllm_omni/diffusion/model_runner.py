@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DiffusionModelRunner: the step-wise denoising path, without diffusers' own loop.
+
+It drives the pipeline's components (transformer, sampler, VAE) one denoising step at a time
+for a batch of requests that may sit at different step indices, so requests can join and
+leave between steps. Per request it reproduces what `QwenImagePipeline.__call__` does for a
+single prompt - same noise for the seed, same sigma schedule, same guidance - so the images
+match diffusers' (tests/diffusion/test_model_runner.py, tests/entrypoints/test_omni_llm.py).
+
+Per-request state (latents, prompt embeddings, the sampler with its step index) lives in the
+DiTCacheManager, so releasing the entry frees everything.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.request import DiTRequest
+
+PROMPT_EMBEDS = "prompt_embeds"
+NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
+
+
+class DiffusionModelRunner:
+    def __init__(self, pipe, cache: DiTCacheManager, device: torch.device) -> None:
+        if pipe.transformer.config.get("guidance_embeds", False):
+            raise NotImplementedError("guidance-distilled transformers are not supported yet")
+        self.pipe = pipe
+        self.cache = cache
+        self.device = device
+        self.dtype = pipe.transformer.dtype
+        self.vae_scale_factor = pipe.vae_scale_factor
+        self.num_channels_latents = pipe.transformer.config.in_channels // 4
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def size_multiple(self) -> int:
+        return self.vae_scale_factor * 2  # VAE compression x 2x2 latent packing
+
+    @property
+    def default_size(self) -> tuple[int, int]:
+        side = self.pipe.default_sample_size * self.vae_scale_factor
+        return side, side
+
+    def latent_grid(self, height: int, width: int) -> tuple[int, int, int]:
+        f = self.size_multiple
+        return (1, height // f, width // f)
+
+    def estimate_bytes(self, request: DiTRequest) -> int:
+        _, h, w = self.latent_grid(request.params.height, request.params.width)
+        latents = h * w * self.num_channels_latents * 4 * self.dtype.itemsize
+        embeds = sum(t.numel() * t.element_size() for t in request.inputs.values())
+        return latents + embeds
+
+    # ------------------------------------------------------------------ step path
+    def prepare(self, request: DiTRequest) -> None:
+        """Draw the initial noise and set up this request's sampler."""
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+        p = request.params
+        generator = torch.Generator(device="cpu").manual_seed(p.seed)
+        latents = self.pipe.prepare_latents(
+            1, self.num_channels_latents, p.height, p.width, self.dtype, self.device, generator
+        )
+        sampler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
+        cfg = sampler.config
+        mu = calculate_shift(
+            latents.shape[1],
+            cfg.get("base_image_seq_len", 256),
+            cfg.get("max_image_seq_len", 4096),
+            cfg.get("base_shift", 0.5),
+            cfg.get("max_shift", 1.15),
+        )
+        steps = p.num_inference_steps
+        sampler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu, device=self.device)
+        sampler.set_begin_index(0)
+        tensors = {"latents": latents}
+        for name in (PROMPT_EMBEDS, NEGATIVE_PROMPT_EMBEDS):
+            if name in request.inputs and (name == PROMPT_EMBEDS or p.do_cfg):
+                embeds = request.inputs[name]
+                embeds = embeds[None] if embeds.dim() == 2 else embeds  # [1, tokens, hidden]
+                tensors[name] = embeds.to(self.device, self.dtype)
+        if PROMPT_EMBEDS not in tensors:
+            raise ValueError(f"inputs: the DiT stage needs {PROMPT_EMBEDS!r}")
+        if p.do_cfg and NEGATIVE_PROMPT_EMBEDS not in tensors:
+            raise ValueError(f"inputs: guidance needs {NEGATIVE_PROMPT_EMBEDS!r}")
+        self.cache.allocate(request.request_id, tensors, sampler=sampler, step=0)
+
+    @torch.inference_mode()
+    def denoise_step(self, requests: list[DiTRequest]) -> None:
+        """One denoising step for requests of equal image size, as one transformer call."""
+        rows_latents, rows_t, rows_text = [], [], []
+        entries = [self.cache.get(r.request_id) for r in requests]
+        for request, entry in zip(requests, entries):
+            t = entry.state["sampler"].timesteps[entry.state["step"]]
+            names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if request.params.do_cfg else [])
+            for name in names:  # guidance: the unconditional row rides in the same batch
+                rows_latents.append(entry.tensors["latents"])
+                rows_t.append(t)
+                rows_text.append(entry.tensors[name])
+        latents = torch.cat(rows_latents)
+        timestep = torch.stack(rows_t).to(latents.dtype) / 1000
+        text, mask = _pad_text(rows_text)
+        p0 = requests[0].params
+        grid = self.latent_grid(p0.height, p0.width)
+        noise = self.pipe.transformer(
+            hidden_states=latents,
+            timestep=timestep,
+            guidance=None,
+            encoder_hidden_states=text,
+            encoder_hidden_states_mask=mask,
+            img_shapes=[[grid]] * latents.shape[0],
+            return_dict=False,
+        )[0]
+        row = 0
+        for request, entry in zip(requests, entries):
+            pred = noise[row : row + 1]
+            row += 1
+            if request.params.do_cfg:
+                pred = _guide(pred, noise[row : row + 1], request.params.true_cfg_scale)
+                row += 1
+            sampler = entry.state["sampler"]
+            t = sampler.timesteps[entry.state["step"]]
+            entry.tensors["latents"] = sampler.step(
+                pred, t, entry.tensors["latents"], return_dict=False
+            )[0]
+            entry.state["step"] += 1
+
+    def is_done(self, request: DiTRequest) -> bool:
+        entry = self.cache.get(request.request_id)
+        return entry.state["step"] >= request.params.num_inference_steps
+
+    @torch.inference_mode()
+    def decode(self, requests: list[DiTRequest]) -> dict[str, object]:
+        """Decode finished requests of equal size in one VAE call."""
+        results: dict[str, object] = {}
+        latents = [self.cache.get(r.request_id).tensors["latents"] for r in requests]
+        to_decode = []
+        for request, lat in zip(requests, latents):
+            if request.params.output_type == "latent":
+                results[request.request_id] = lat[0].detach().cpu()
+            else:
+                to_decode.append((request, lat))
+        if to_decode:
+            p0 = to_decode[0][0].params
+            images = self.decode_latents(
+                torch.cat([lat for _, lat in to_decode]), p0.height, p0.width
+            )
+            for (request, _), image in zip(to_decode, images):
+                results[request.request_id] = _export_image(image)
+        return results
+
+    def decode_latents(self, latents: torch.Tensor, height: int, width: int) -> list:
+        """Packed latents -> list of PIL images, as the pipeline's epilogue does."""
+        pipe, vae = self.pipe, self.pipe.vae
+        lat = pipe._unpack_latents(latents, height, width, self.vae_scale_factor).to(vae.dtype)
+        z = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(lat.device, lat.dtype)
+        std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(lat.device, lat.dtype)
+        lat = lat * std + mean
+        image = vae.decode(lat, return_dict=False)[0][:, :, 0]
+        return pipe.image_processor.postprocess(image, output_type="pil")
+
+    # ------------------------------------------------------------------ batch
+    def execute_steps(
+        self, groups: list[list[DiTRequest]]
+    ) -> tuple[dict[str, object], list[float]]:
+        finished: dict[str, object] = {}
+        seconds = []
+        for group in groups:
+            start = time.perf_counter()
+            self.denoise_step(group)
+            done = [r for r in group if self.is_done(r)]
+            if done:
+                finished.update(self.decode(done))
+            seconds.append(time.perf_counter() - start)
+        return finished, seconds
+
+
+def _pad_text(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack [1, n_i, d] prompt embeddings, zero-padded to the longest; the mask marks real
+    tokens (None when nothing is padded, exactly as diffusers passes a single prompt)."""
+    lengths = [r.shape[1] for r in rows]
+    longest = max(lengths)
+    if all(n == longest for n in lengths):
+        return torch.cat(rows), None
+    text = rows[0].new_zeros(len(rows), longest, rows[0].shape[2])
+    mask = torch.zeros(len(rows), longest, dtype=torch.bool, device=text.device)
+    for i, (r, n) in enumerate(zip(rows, lengths)):
+        text[i, :n] = r[0]
+        mask[i, :n] = True
+    return text, mask
+
+
+def _guide(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """True classifier-free guidance with Qwen-Image's norm rescaling: the guided prediction
+    keeps the conditional prediction's per-token norm."""
+    guided = uncond + scale * (cond - uncond)
+    return guided * (cond.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
+
+
+def _export_image(image) -> np.ndarray:
+    """Images cross process boundaries as uint8 HWC arrays; the output processor makes PIL."""
+    return np.asarray(image)

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-request parameters of a diffusion (DiT) stage, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+OUTPUT_TYPES = ("pil", "latent")
+
+
+@dataclass(frozen=True)
+class DiffusionSamplingParams:
+    """What a DiT stage needs to turn prompt embeddings into an image.
+
+    `height`/`width` of None take the pipeline's default size. `seed` of None draws a fresh one
+    (the output reports it, so any image can be reproduced). Classifier-free guidance runs only
+    with a `negative_prompt` and `true_cfg_scale > 1`, as in diffusers' Qwen-Image pipeline.
+    """
+
+    height: int | None = None
+    width: int | None = None
+    num_inference_steps: int = 50
+    true_cfg_scale: float = 4.0
+    negative_prompt: str | None = None
+    seed: int | None = None
+    output_type: str = "pil"
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value <= 0):
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if not _is_int(self.num_inference_steps) or not 1 <= self.num_inference_steps <= 1000:
+            raise ValueError(
+                f"num_inference_steps: must be an integer in [1, 1000], "
+                f"got {self.num_inference_steps!r}"
+            )
+        if isinstance(self.true_cfg_scale, bool) or not isinstance(
+            self.true_cfg_scale, (int, float)
+        ):
+            raise ValueError(f"true_cfg_scale: must be a number, got {self.true_cfg_scale!r}")
+        if self.true_cfg_scale < 0:
+            raise ValueError(f"true_cfg_scale: must be >= 0, got {self.true_cfg_scale}")
+        if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
+            raise ValueError(f"negative_prompt: must be a string, got {type(self.negative_prompt)}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed: must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.output_type not in OUTPUT_TYPES:
+            raise ValueError(
+                f"output_type: must be one of {OUTPUT_TYPES}, got {self.output_type!r}"
+            )
+
+    @property
+    def do_cfg(self) -> bool:
+        return self.negative_prompt is not None and self.true_cfg_scale > 1
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DiffusionSamplingParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown diffusion parameter; known: {sorted(known)}")
+        return cls(**values)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

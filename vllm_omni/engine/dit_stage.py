@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DiTStage: the orchestrator's handle on a DiT stage running in its own process.
+
+Requests go in through one queue and results come back through another; a reader thread
+hands results to the orchestrator's event loop. Tensors cross the process boundary as numpy
+arrays (plain pickles, no shared-memory file descriptors to leak).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import random
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_omni.config.stage_config import StageConfig
+from vllm_omni.diffusion.engine_core import run_dit_stage
+from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.engine.busy import BusyTracker
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
+
+START_TIMEOUT_S = 600.0
+
+
+class DiTStageError(RuntimeError):
+    pass
+
+
+class DiTStage:
+    engine_type = "DiT"
+
+    def __init__(self, config: StageConfig) -> None:
+        self.config = config
+        self.dit_config = config.dit_config()
+        self.busy = BusyTracker()  # the DiT process's engine steps
+        self.info: dict[str, Any] = {}
+        self.last_stats: dict[str, Any] = {}
+        self.num_finished = 0
+        self._pending: dict[Any, asyncio.Future] = {}
+        self._tokens = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._process = None
+        self._ready: asyncio.Future | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._ready = self._loop.create_future()
+        ctx = multiprocessing.get_context("spawn")
+        self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
+        self._process = ctx.Process(
+            target=run_dit_stage,
+            args=(self.dit_config, self.config.scheduler, self._inbox, self._outbox),
+            name=f"DiTStage-{self.name}",
+            daemon=True,
+        )
+        start = time.perf_counter()
+        self._process.start()
+        threading.Thread(target=self._read, name=f"DiTReader-{self.name}", daemon=True).start()
+        self.info = await asyncio.wait_for(self._ready, START_TIMEOUT_S)
+        logger.info("DiT stage %r: up in %.1f s", self.name, time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ requests
+    def validate(self, params: Any) -> DiffusionSamplingParams:
+        """Fill in size and seed; reject what the pipeline cannot do, naming the field."""
+        if params is None:
+            params = DiffusionSamplingParams()
+        if not isinstance(params, DiffusionSamplingParams):
+            raise ValueError(
+                f"sampling_params.{self.name}: a DiT stage takes DiffusionSamplingParams, "
+                f"got {type(params).__name__}"
+            )
+        height, width = self.info["default_size"]
+        multiple = self.info["size_multiple"]
+        params = replace(
+            params,
+            height=params.height or height,
+            width=params.width or width,
+            seed=params.seed if params.seed is not None else random.randrange(2**63),
+        )
+        for name in ("height", "width"):
+            if getattr(params, name) % multiple:
+                raise ValueError(
+                    f"{name}: must be a multiple of {multiple}, got {getattr(params, name)}"
+                )
+        return params
+
+    async def run(self, request_id: str, inputs: dict[str, Any], params) -> dict[str, Any]:
+        future = self._loop.create_future()
+        self._pending[request_id] = future
+        arrays = {k: v.detach().cpu().numpy() for k, v in inputs.items() if torch.is_tensor(v)}
+        try:
+            self._inbox.put(("add", request_id, (arrays, params)))
+            result = await future
+        except asyncio.CancelledError:
+            self._inbox.put(("abort", request_id, None))
+            raise
+        finally:
+            self._pending.pop(request_id, None)
+        self.num_finished += 1
+        if isinstance(result, np.ndarray) and result.dtype != np.uint8:
+            return {"latents": torch.from_numpy(result)}
+        return {"image": result}
+
+    async def stats(self) -> dict[str, Any]:
+        token = ("stats", next(self._tokens))
+        future = self._loop.create_future()
+        self._pending[token] = future
+        self._inbox.put(("stats", token, None))
+        try:
+            self.last_stats = await asyncio.wait_for(future, 30)
+        finally:
+            self._pending.pop(token, None)
+        return {**self.last_stats, "num_finished": self.num_finished}
+
+    # ------------------------------------------------------------------ plumbing
+    def _read(self) -> None:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            self._loop.call_soon_threadsafe(self._dispatch, message)
+
+    def _dispatch(self, message: tuple) -> None:
+        kind, key, payload = message
+        if kind == "ready":
+            self._ready.set_result(payload)
+        elif kind == "error":
+            if not self._ready.done():
+                self._ready.set_exception(
+                    DiTStageError(f"DiT stage {self.name!r} failed to start:\n{payload}")
+                )
+        elif kind == "step":
+            self.busy.add(payload[0], payload[1])
+        else:
+            future = self._pending.get(key)
+            if future is None or future.done():
+                return  # aborted meanwhile
+            if kind == "failed":
+                error_type, text = payload
+                future.set_exception(
+                    (ValueError if error_type == "ValueError" else DiTStageError)(text)
+                )
+            else:
+                future.set_result(payload)
+
+    def shutdown(self) -> None:
+        if self._process is None:
+            return
+        self._inbox.put(("shutdown", None, None))
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._outbox.put(None)
+        self._process = None

@@ -1,0 +1,223 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OmniEngine: runs requests through a stage graph, each stage on its own engine.
+
+Each request is one asyncio task that walks the graph: a stage starts as soon as all its
+source stages have finished that request, so requests overlap across stages (stage 0 of
+request k+1 runs while stage 1 runs request k). Each stage admits at most `max_inflight`
+requests at a time (back-pressure: the rest wait in the orchestrator, not in the stage).
+Cancelling a request's task cancels it in every stage, which frees its KV blocks (AR) and its
+DiT cache entry.
+
+OmniLLM (sync) and AsyncOmniLLM (asyncio) are thin front-ends over this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from vllm_omni.config.stage_config import StageGraph
+from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.engine.ar_stage import ARStage
+from vllm_omni.engine.dit_stage import DiTStage
+from vllm_omni.logger import init_logger
+from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, StageTiming
+
+logger = init_logger(__name__)
+
+PROMPT_FIELDS = ("prompt", "negative_prompt")
+
+
+class OmniEngine:
+    def __init__(self, graph: StageGraph) -> None:
+        self.graph = graph
+        self.stages: dict[str, ARStage | DiTStage] = {
+            s.name: ARStage(s) if s.engine_type == "AR" else DiTStage(s) for s in graph.stages
+        }
+        self._slots = {s.name: asyncio.Semaphore(s.max_inflight) for s in graph.stages}
+        self._requests: dict[str, asyncio.Task] = {}
+        self.output_processor = MultimodalOutputProcessor()
+        self.counters = {"finished": 0, "failed": 0, "aborted": 0}
+        self.started_at = 0.0
+
+    async def start(self) -> None:
+        """Start every stage at once (DiT processes and vLLM engines load in parallel)."""
+
+        async def start_stage(stage):
+            if isinstance(stage, ARStage):  # AsyncLLM's constructor blocks; keep the loop free
+                await asyncio.to_thread(stage.start)
+            else:
+                await stage.start()
+
+        try:
+            await asyncio.gather(*(start_stage(s) for s in self.stages.values()))
+        except BaseException:
+            self.shutdown()
+            raise
+        self.started_at = time.monotonic()
+
+    # ------------------------------------------------------------------ requests
+    def prepare(
+        self, prompt: str | Mapping[str, str], sampling_params: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Validate a request; returns (prompt inputs, parameters per stage)."""
+        if isinstance(prompt, str):
+            inputs: dict[str, Any] = {"prompt": prompt}
+        elif isinstance(prompt, Mapping):
+            unknown = sorted(set(prompt) - set(PROMPT_FIELDS))
+            if unknown:
+                raise ValueError(
+                    f"prompt.{unknown[0]}: unknown field; known: {list(PROMPT_FIELDS)}"
+                )
+            inputs = dict(prompt)
+        else:
+            raise ValueError(f"prompt: must be a string or a mapping, got {type(prompt).__name__}")
+        for name in PROMPT_FIELDS:
+            value = inputs.get(name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}: must be a string, got {type(value).__name__}")
+        if not (inputs.get("prompt") or "").strip():
+            raise ValueError("prompt: must not be empty")
+        given = self._params_by_stage(sampling_params)
+        params = {}
+        for name, stage in self.stages.items():
+            p = given.get(name)
+            if isinstance(stage, DiTStage) and inputs.get("negative_prompt") is not None:
+                p = replace(
+                    p or DiffusionSamplingParams(), negative_prompt=inputs["negative_prompt"]
+                )
+            params[name] = stage.validate(p)
+            if isinstance(params[name], DiffusionSamplingParams) and params[name].do_cfg:
+                inputs["negative_prompt"] = params[name].negative_prompt
+        return inputs, params
+
+    def _params_by_stage(self, sampling_params: Any) -> dict[str, Any]:
+        if sampling_params is None:
+            return {}
+        if isinstance(sampling_params, Mapping):
+            for name in sampling_params:
+                if name not in self.stages:
+                    raise ValueError(
+                        f"sampling_params.{name}: no such stage; stages: {list(self.stages)}"
+                    )
+            return dict(sampling_params)
+        if isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
+            if len(sampling_params) != len(self.stages):
+                raise ValueError(
+                    f"sampling_params: a list needs one entry per stage ({len(self.stages)}), "
+                    f"got {len(sampling_params)}"
+                )
+            return dict(zip(self.stages, sampling_params))
+        # One object: it goes to every stage of the kind it configures.
+        dit = isinstance(sampling_params, DiffusionSamplingParams)
+        targets = [
+            name
+            for name, stage in self.stages.items()
+            if (
+                isinstance(stage, DiTStage)
+                if dit
+                else isinstance(stage, ARStage) and stage.processor is None
+            )
+        ]
+        if not targets:
+            raise ValueError(f"sampling_params: no stage takes {type(sampling_params).__name__}")
+        return {name: sampling_params for name in targets}
+
+    async def generate(
+        self,
+        prompt: str | Mapping[str, str],
+        sampling_params: Any = None,
+        request_id: str | None = None,
+    ) -> OmniRequestOutput:
+        inputs, params = self.prepare(prompt, sampling_params)
+        return await self.run_prepared(inputs, params, request_id)
+
+    async def run_prepared(
+        self, inputs: dict[str, Any], params: dict[str, Any], request_id: str | None = None
+    ) -> OmniRequestOutput:
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._requests:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        self._requests[request_id] = asyncio.current_task()
+        arrival = time.monotonic()
+        timings: dict[str, StageTiming] = {}
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def run_stage(stage_name: str) -> dict[str, Any]:
+            config = self.graph[stage_name]
+            if config.sources:
+                done = dict(
+                    zip(config.sources, await asyncio.gather(*(tasks[s] for s in config.sources)))
+                )
+                stage_inputs = {}
+                for key, source in config.inputs.items():
+                    src, tensor = source.split(".")
+                    if tensor in done[src]:  # optional edges (e.g. no negative prompt)
+                        stage_inputs[key] = done[src][tensor]
+            else:
+                stage_inputs = inputs
+            queued = time.monotonic()
+            async with self._slots[stage_name]:
+                start = time.monotonic()
+                out = await self.stages[stage_name].run(
+                    request_id, stage_inputs, params[stage_name]
+                )
+            timings[stage_name] = StageTiming(queued, start, time.monotonic())
+            return out
+
+        try:
+            for config in self.graph.topological_order():
+                tasks[config.name] = asyncio.create_task(run_stage(config.name))
+            await asyncio.gather(*tasks.values())
+        except asyncio.CancelledError:
+            self.counters["aborted"] += 1
+            raise
+        except BaseException:
+            self.counters["failed"] += 1
+            raise
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            self._requests.pop(request_id, None)
+        self.counters["finished"] += 1
+        seed = next(
+            (p.seed for p in params.values() if isinstance(p, DiffusionSamplingParams)), None
+        )
+        return self.output_processor.process(
+            request_id,
+            inputs.get("prompt"),
+            {s.name: tasks[s.name].result() for s in self.graph.final_stages},
+            seed=seed,
+            stage_timings=timings,
+            arrival=arrival,
+            finished=time.monotonic(),
+        )
+
+    def abort(self, request_id: str) -> bool:
+        task = self._requests.get(request_id)
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    async def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"requests": {**self.counters, "running": len(self._requests)}}
+        for name, stage in self.stages.items():
+            s = stage.stats()
+            out[name] = await s if asyncio.iscoroutine(s) else s
+        return out
+
+    def shutdown(self) -> None:
+        for stage in self.stages.values():
+            try:
+                stage.shutdown()
+            except Exception:  # keep shutting the others down
+                logger.exception("stage %r did not shut down cleanly", stage.name)
