@@ -114,6 +114,7 @@ def test_built_in_graphs(tmp_path: Path) -> None:
     assert detect_model_type(qi) == "qwen_image"
     graph = resolve_stage_graph(qi, stage_overrides={"dit": {"dit": {"max_num_seqs": 3}}})
     assert [s.engine_type for s in graph.topological_order()] == ["AR", "DiT"]
+    assert [s.name for s in graph.final_stages] == ["dit"]
     assert graph["text_encoder"].model == str(qi / "text_encoder")
     assert graph["text_encoder"].tokenizer == str(qi / "tokenizer")
     assert graph["dit"].dit_config().max_num_seqs == 3

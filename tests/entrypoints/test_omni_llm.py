@@ -123,3 +123,43 @@ def test_abort_frees_dit_cache_and_kv_blocks(omni) -> None:
 def test_bad_input_names_the_field(omni, prompt, params, message) -> None:
     with pytest.raises(ValueError, match=message):
         omni.generate(prompt, params, use_tqdm=False)
+
+
+GRAPH_YAML = """
+stages:
+  - name: encoder
+    engine_type: AR
+    model: text_encoder
+    processor: qwen_image_prompt
+    engine_args: {enforce_eager: true}
+  - name: denoise
+    engine_type: DiT
+    model: .
+    inputs:
+      prompt_embeds: encoder.prompt_embeds
+      negative_prompt_embeds: encoder.negative_prompt_embeds
+    scheduler: fifo   # whole diffusers calls, batched
+    dit: {decode: false, max_num_seqs: 4}
+  - name: decode
+    engine_type: DiT
+    model: .
+    executor: vae_decoder
+    inputs: {latents: denoise.latents}
+"""
+
+
+def test_yaml_graph_with_a_vae_stage(tiny_models, pipe, tmp_path) -> None:
+    """A three-stage graph from YAML: diffusers' own loop for denoising (fifo), decoding in a
+    stage of its own. Same images as diffusers."""
+    path = tmp_path / "graph.yaml"
+    path.write_text(GRAPH_YAML)
+    with OmniLLM(tiny_models["qwen-image"], stage_configs=path) as llm:
+        futures = [llm.add_request(prompt, p) for prompt, p in CASES]
+        for (prompt, p), future in zip(CASES, futures):
+            out = future.result(timeout=120)
+            assert set(out.stage_timings) == {"encoder", "denoise", "decode"}
+            diff = max_pixel_diff(out.images[0], reference_image(pipe, prompt, p))
+            assert diff <= 2, f"{prompt!r}: max pixel difference {diff} > 2/255"
+        stats = llm.get_stage_stats()
+        assert stats["denoise"]["cache_entries"] == 0 and stats["decode"]["cache_entries"] == 0
+        assert stats["decode"]["num_finished"] == len(CASES)

@@ -17,6 +17,9 @@ from vllm_omni.config.stage_config import StageGraph, apply_overrides
 
 
 def qwen_image_graph() -> dict[str, Any]:
+    """The DiT stage decodes its own latents. A separate `vae_decoder` stage is an option
+    (docs/omni.md): on this 2-core machine it was no faster for the tiny model and slower for a
+    compute-bound DiT, which then has fewer cores to itself."""
     return {
         "model_type": "qwen_image",
         "stages": [

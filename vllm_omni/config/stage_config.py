@@ -27,7 +27,7 @@ from vllm_omni.diffusion.scheduler import SCHEDULING_MODES
 ENGINE_TYPES = ("AR", "DiT")
 # Registered names, per engine type.
 SCHEDULERS = {"AR": ("default", "cpp"), "DiT": SCHEDULING_MODES}
-EXECUTORS = {"AR": ("auto", "mp", "uni", "ray"), "DiT": ("diffusers",)}
+EXECUTORS = {"AR": ("auto", "mp", "uni", "ray"), "DiT": ("diffusers", "vae_decoder")}
 DEFAULT_SCHEDULER = {"AR": "default", "DiT": "step"}
 DEFAULT_EXECUTOR = {"AR": "auto", "DiT": "diffusers"}
 
@@ -62,10 +62,13 @@ class StageConfig:
             raise ValueError(
                 f"engine_type: must be one of {ENGINE_TYPES}, got {self.engine_type!r}"
             )
-        if self.scheduler is None:
-            object.__setattr__(self, "scheduler", DEFAULT_SCHEDULER[self.engine_type])
         if self.executor is None:
             object.__setattr__(self, "executor", DEFAULT_EXECUTOR[self.engine_type])
+        if self.scheduler is None:
+            default = (
+                "fifo" if self.executor == "vae_decoder" else DEFAULT_SCHEDULER[self.engine_type]
+            )
+            object.__setattr__(self, "scheduler", default)
         if self.scheduler not in SCHEDULERS[self.engine_type]:
             raise ValueError(
                 f"scheduler: {self.engine_type} stages take one of "
@@ -76,6 +79,8 @@ class StageConfig:
                 f"executor: {self.engine_type} stages take one of "
                 f"{EXECUTORS[self.engine_type]}, got {self.executor!r}"
             )
+        if self.executor == "vae_decoder" and self.scheduler != "fifo":
+            raise ValueError("scheduler: the vae_decoder executor runs whole requests; use 'fifo'")
         if self.processor is not None and self.processor not in _processors():
             raise ValueError(f"processor: must be one of {_processors()}, got {self.processor!r}")
         for key, source in self.inputs.items():

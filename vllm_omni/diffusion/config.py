@@ -14,7 +14,8 @@ class DiTConfig:
     """`model`: a diffusers pipeline folder (model_index.json). `dtype` "auto" keeps the
     weights' dtype. `device` "auto" picks CUDA when present. `num_threads`: torch intra-op
     threads of the DiT process (None: torch's default). `max_num_seqs`: requests batched
-    together. `cache_max_bytes` / `cache_ttl_s`: see DiTCacheConfig."""
+    together. `cache_max_bytes` / `cache_ttl_s`: see DiTCacheConfig. `decode`: False makes the
+    stage return latents (a `vae_decoder` stage downstream turns them into images)."""
 
     model: str
     dtype: str = "auto"
@@ -23,6 +24,7 @@ class DiTConfig:
     max_num_seqs: int = 8
     cache_max_bytes: int | None = None
     cache_ttl_s: float = 600.0
+    decode: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

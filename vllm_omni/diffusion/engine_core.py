@@ -22,7 +22,7 @@ import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheConfig, DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
-from vllm_omni.diffusion.executor import DiffusersPipelineExecutor
+from vllm_omni.diffusion.executor import EXECUTORS
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiffusionScheduler, DiTSchedulerConfig
@@ -34,15 +34,14 @@ EXPIRY_CHECK_S = 10.0
 
 
 class DiffusionEngineCore:
-    def __init__(self, config: DiTConfig, mode: str = "step") -> None:
+    def __init__(self, config: DiTConfig, mode: str = "step", executor: str = "diffusers") -> None:
         self.config = config
         self.cache = DiTCacheManager(DiTCacheConfig(config.cache_max_bytes, config.cache_ttl_s))
-        self.executor = DiffusersPipelineExecutor(config, self.cache)
-        runner = self.executor.model_runner
+        self.executor = EXECUTORS[executor](config, self.cache)
         self.scheduler = DiffusionScheduler(
             DiTSchedulerConfig(mode=mode, max_num_seqs=config.max_num_seqs),
             self.cache,
-            runner.estimate_bytes,
+            self.executor.estimate_bytes,
         )
         self.num_steps = 0
         self.num_finished = 0
@@ -50,8 +49,7 @@ class DiffusionEngineCore:
 
     @property
     def info(self) -> dict[str, Any]:
-        runner = self.executor.model_runner
-        return {"default_size": runner.default_size, "size_multiple": runner.size_multiple}
+        return self.executor.info
 
     def add_request(
         self, request_id: str, inputs: dict[str, torch.Tensor], params: DiffusionSamplingParams
@@ -89,12 +87,12 @@ class DiffusionEngineCore:
         }
 
 
-def run_dit_stage(config: DiTConfig, mode: str, inbox, outbox) -> None:
+def run_dit_stage(config: DiTConfig, mode: str, executor: str, inbox, outbox) -> None:
     """Process entry point of a DiT stage."""
     try:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        core = DiffusionEngineCore(config, mode)
+        core = DiffusionEngineCore(config, mode, executor)
     except Exception:
         outbox.put(("error", None, traceback.format_exc()))
         return

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.latent_decoder import LatentDecoder
 from vllm_omni.diffusion.request import DiTRequest
 
 PROMPT_EMBEDS = "prompt_embeds"
@@ -26,28 +27,21 @@ NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
 
 
 class DiffusionModelRunner:
-    def __init__(self, pipe, cache: DiTCacheManager, device: torch.device) -> None:
+    def __init__(
+        self, pipe, cache: DiTCacheManager, device: torch.device, decodes: bool = True
+    ) -> None:
         if pipe.transformer.config.get("guidance_embeds", False):
             raise NotImplementedError("guidance-distilled transformers are not supported yet")
         self.pipe = pipe
         self.cache = cache
         self.device = device
         self.dtype = pipe.transformer.dtype
-        self.vae_scale_factor = pipe.vae_scale_factor
+        self.decoder = LatentDecoder(pipe)
+        self.decodes = decodes
         self.num_channels_latents = pipe.transformer.config.in_channels // 4
 
-    # ------------------------------------------------------------------ sizes
-    @property
-    def size_multiple(self) -> int:
-        return self.vae_scale_factor * 2  # VAE compression x 2x2 latent packing
-
-    @property
-    def default_size(self) -> tuple[int, int]:
-        side = self.pipe.default_sample_size * self.vae_scale_factor
-        return side, side
-
     def latent_grid(self, height: int, width: int) -> tuple[int, int, int]:
-        f = self.size_multiple
+        f = self.decoder.size_multiple
         return (1, height // f, width // f)
 
     def estimate_bytes(self, request: DiTRequest) -> int:
@@ -136,34 +130,24 @@ class DiffusionModelRunner:
 
     @torch.inference_mode()
     def decode(self, requests: list[DiTRequest]) -> dict[str, object]:
-        """Decode finished requests of equal size in one VAE call."""
+        """Finished requests of equal size -> images in one VAE call (or their latents, when
+        asked for or when a separate VAE stage decodes)."""
         results: dict[str, object] = {}
-        latents = [self.cache.get(r.request_id).tensors["latents"] for r in requests]
         to_decode = []
-        for request, lat in zip(requests, latents):
-            if request.params.output_type == "latent":
-                results[request.request_id] = lat[0].detach().cpu()
+        for request in requests:
+            latents = self.cache.get(request.request_id).tensors["latents"]
+            if request.params.output_type == "latent" or not self.decodes:
+                results[request.request_id] = latents[0].detach().cpu()
             else:
-                to_decode.append((request, lat))
+                to_decode.append((request, latents))
         if to_decode:
             p0 = to_decode[0][0].params
-            images = self.decode_latents(
+            images = self.decoder.decode(
                 torch.cat([lat for _, lat in to_decode]), p0.height, p0.width
             )
             for (request, _), image in zip(to_decode, images):
-                results[request.request_id] = _export_image(image)
+                results[request.request_id] = image
         return results
-
-    def decode_latents(self, latents: torch.Tensor, height: int, width: int) -> list:
-        """Packed latents -> list of PIL images, as the pipeline's epilogue does."""
-        pipe, vae = self.pipe, self.pipe.vae
-        lat = pipe._unpack_latents(latents, height, width, self.vae_scale_factor).to(vae.dtype)
-        z = vae.config.z_dim
-        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(lat.device, lat.dtype)
-        std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(lat.device, lat.dtype)
-        lat = lat * std + mean
-        image = vae.decode(lat, return_dict=False)[0][:, :, 0]
-        return pipe.image_processor.postprocess(image, output_type="pil")
 
     # ------------------------------------------------------------------ batch
     def execute_steps(
@@ -201,8 +185,3 @@ def _guide(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tens
     keeps the conditional prediction's per-token norm."""
     guided = uncond + scale * (cond - uncond)
     return guided * (cond.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
-
-
-def _export_image(image) -> np.ndarray:
-    """Images cross process boundaries as uint8 HWC arrays; the output processor makes PIL."""
-    return np.asarray(image)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 from vllm_omni.config.stage_config import StageConfig
@@ -29,6 +30,7 @@ class ARStage:
         self.engine = None
         self.busy = BusyTracker()
         self.num_finished = 0
+        self._scheduler_stats = None  # vLLM's SchedulerStats after the engine's last step
 
     @property
     def name(self) -> str:
@@ -40,7 +42,7 @@ class ARStage:
             args.update(self.processor.engine_defaults())
         args.update(self.config.engine_args)
         args["model"] = self.config.model
-        if self.config.tokenizer is not None:
+        if self.config.tokenizer is not None and not _has_tokenizer(self.config.model):
             args.setdefault("tokenizer", self.config.tokenizer)
         if self.config.executor != "auto":
             args["distributed_executor_backend"] = self.config.executor
@@ -56,8 +58,31 @@ class ARStage:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         start = time.perf_counter()
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
+        self.engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**self.engine_args()), stat_loggers=[self._stats_recorder]
+        )
         logger.info("AR stage %r: vLLM engine up in %.1f s", self.name, time.perf_counter() - start)
+
+    def _stats_recorder(self, vllm_config, engine_index: int = 0):
+        """A vLLM stat logger that keeps this stage's latest scheduler stats. (vLLM's own
+        Prometheus logger is process-wide: a second engine in the process replaces the first
+        one's metrics, so the stage keeps its own.)"""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        stage = self
+
+        class Recorder(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                if scheduler_stats is not None:
+                    stage._scheduler_stats = scheduler_stats
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return Recorder(vllm_config, engine_index)
 
     def validate(self, params: Any) -> Any:
         from vllm import SamplingParams
@@ -106,17 +131,15 @@ class ARStage:
         return {"text": completion.text, "token_ids": list(completion.token_ids)}
 
     def stats(self) -> dict[str, Any]:
-        from vllm.v1.metrics.reader import get_metrics_snapshot
-
-        wanted = {
-            "vllm:kv_cache_usage_perc": "kv_cache_usage",
-            "vllm:num_requests_running": "num_running",
-            "vllm:num_requests_waiting": "num_waiting",
-        }
+        """The engine's latest scheduler state (KV cache usage, queue depths) and counters."""
         out: dict[str, Any] = {"num_finished": self.num_finished}
-        for metric in get_metrics_snapshot():
-            if metric.name in wanted and metric.labels.get("model_name") == self.config.model:
-                out[wanted[metric.name]] = metric.value
+        last = self._scheduler_stats
+        if last is not None:
+            out.update(
+                kv_cache_usage=last.kv_cache_usage,
+                num_running=last.num_running_reqs,
+                num_waiting=last.num_waiting_reqs,
+            )
         return out
 
     def shutdown(self) -> None:
@@ -128,3 +151,9 @@ class ARStage:
                 handler.cancel()
             self.engine.shutdown()
             self.engine = None
+
+
+def _has_tokenizer(folder: str) -> bool:
+    # vLLM probes a separate tokenizer folder for a model config too (and retries, slowly,
+    # when it has none), so a model folder that carries its tokenizer is used as is.
+    return (Path(folder) / "tokenizer_config.json").is_file()

@@ -83,16 +83,24 @@ class OmniEngine:
         if not (inputs.get("prompt") or "").strip():
             raise ValueError("prompt: must not be empty")
         given = self._params_by_stage(sampling_params)
-        params = {}
-        for name, stage in self.stages.items():
+        params: dict[str, Any] = {}
+        shared = None  # diffusion stages given nothing share the first one's parameters
+        for config in self.graph.topological_order():
+            name, stage = config.name, self.stages[config.name]
             p = given.get(name)
-            if isinstance(stage, DiTStage) and inputs.get("negative_prompt") is not None:
-                p = replace(
-                    p or DiffusionSamplingParams(), negative_prompt=inputs["negative_prompt"]
-                )
+            if isinstance(stage, DiTStage):
+                if p is None and shared is not None:
+                    params[name] = shared
+                    continue
+                if inputs.get("negative_prompt") is not None:
+                    p = replace(
+                        p or DiffusionSamplingParams(), negative_prompt=inputs["negative_prompt"]
+                    )
             params[name] = stage.validate(p)
-            if isinstance(params[name], DiffusionSamplingParams) and params[name].do_cfg:
-                inputs["negative_prompt"] = params[name].negative_prompt
+            if isinstance(stage, DiTStage):
+                shared = shared or params[name]
+                if params[name].do_cfg:
+                    inputs["negative_prompt"] = params[name].negative_prompt
         return inputs, params
 
     def _params_by_stage(self, sampling_params: Any) -> dict[str, Any]:
