@@ -26,8 +26,13 @@ class ServerProcess:
     """Starts `command` with `--host 127.0.0.1 --port <free>` and waits until /health answers."""
 
     def __init__(
-        self, command: list[str], env: dict[str, str] | None = None, timeout_s: float = 300
+        self,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        timeout_s: float = 300,
+        api_key: str | None = None,
     ):
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [*command, "--host", "127.0.0.1", "--port", str(self.port)]
@@ -45,7 +50,8 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
-                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                health = requests.get(f"{self.url}/health", headers=self.headers, timeout=2)
+                if health.status_code == 200:
                     return self
             except requests.RequestException:
                 pass

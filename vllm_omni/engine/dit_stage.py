@@ -14,6 +14,7 @@ import multiprocessing
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +52,7 @@ class DiTStage:
             # matmuls do scale. With both on all cores, OpenMP threads spin against each other.
             self.dit_config = replace(self.dit_config, num_threads=1)
         self.busy = BusyTracker()  # the DiT process's engine steps
+        self.step_listeners: list[Callable[[float], None]] = []  # hear each step's seconds
         self.info: dict[str, Any] = {}
         self.last_stats: dict[str, Any] = {}
         self.num_finished = 0
@@ -159,6 +161,8 @@ class DiTStage:
                 )
         elif kind == "step":
             self.busy.add(payload[0], payload[1])
+            for listener in self.step_listeners:
+                listener(payload[1] - payload[0])
         else:
             future = self._pending.get(key)
             if future is None or future.done():

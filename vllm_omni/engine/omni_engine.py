@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_omni.config.stage_config import StageGraph
@@ -30,6 +30,16 @@ from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, Stag
 logger = init_logger(__name__)
 
 PROMPT_FIELDS = ("prompt", "negative_prompt")
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """Progress of one request: `stage` has `started` or `finished` it, at monotonic `time`."""
+
+    request_id: str
+    stage: str
+    status: str
+    time: float
 
 
 class OmniEngine:
@@ -145,8 +155,13 @@ class OmniEngine:
         return await self.run_prepared(inputs, params, request_id)
 
     async def run_prepared(
-        self, inputs: dict[str, Any], params: dict[str, Any], request_id: str | None = None
+        self,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        request_id: str | None = None,
+        on_event: Callable[[StageEvent], None] | None = None,
     ) -> OmniRequestOutput:
+        """Run a request validated by `prepare`; `on_event` hears each stage start and finish."""
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request_id: {request_id!r} is already running")
@@ -171,10 +186,14 @@ class OmniEngine:
             queued = time.monotonic()
             async with self._slots[stage_name]:
                 start = time.monotonic()
+                if on_event is not None:
+                    on_event(StageEvent(request_id, stage_name, "started", start))
                 out = await self.stages[stage_name].run(
                     request_id, stage_inputs, params[stage_name]
                 )
             timings[stage_name] = StageTiming(queued, start, time.monotonic())
+            if on_event is not None:
+                on_event(StageEvent(request_id, stage_name, "finished", timings[stage_name].end))
             return out
 
         try:

@@ -3,8 +3,10 @@
 (`--cpp` and `--cpp-*`: chunked pipeline parallelism, see vllm_omni.cpp).
 
 An LM folder is served by vLLM's own OpenAI server (all of vLLM's flags apply). A diffusers
-pipeline folder (one with `model_index.json`) needs the multi-stage omni server, which is not
-built yet (see docs/architecture.md); it gets a clear error instead of a confusing vLLM one.
+pipeline folder (one with `model_index.json`), or any model given `--stage-configs`, is served
+by the omni server over its stage graph (vllm_omni.entrypoints.openai.api_server); of vLLM's
+flags it uses --host, --port, --api-key, --served-model-name, --uvicorn-log-level, and passes
+--enforce-eager, --cpp and -pp on to the graph's AR stages.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from vllm.entrypoints.cli.serve import ServeSubcommand
 
 from vllm_omni.cpp.cli import add_cpp_args, apply_cpp_args
+from vllm_omni.cpp.config import CONFIG_KEY as CPP_CONFIG_KEY
+from vllm_omni.entrypoints.openai.api_server import DEFAULT_MAX_PIXELS
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -31,6 +35,18 @@ class OmniServeCommand(ServeSubcommand):
         parser = super().subparser_init(subparsers)
         parser.usage = "vllm-omni serve [model_tag] [options]   (or: vllm serve [model_tag] --omni)"
         add_cpp_args(parser)
+        omni = parser.add_argument_group("omni stage graphs")
+        omni.add_argument(
+            "--stage-configs",
+            default=None,
+            help="YAML stage graph to serve (default: the model's built-in graph; docs/omni.md)",
+        )
+        omni.add_argument(
+            "--max-image-pixels",
+            type=int,
+            default=DEFAULT_MAX_PIXELS,
+            help="largest width x height an image request may ask for",
+        )
         return parser
 
     def validate(self, args: argparse.Namespace) -> None:
@@ -44,9 +60,40 @@ class OmniServeCommand(ServeSubcommand):
     def cmd(args: argparse.Namespace) -> None:
         if getattr(args, "model_tag", None) is not None:
             args.model = args.model_tag
-        if is_diffusers_pipeline(args.model):
-            raise SystemExit(
-                f"vllm-omni serve: {args.model} is a diffusers pipeline; serving multi-stage "
-                "pipelines is not available in this version. Serve an LM folder instead."
-            )
+        if is_diffusers_pipeline(args.model) or args.stage_configs is not None:
+            serve_stage_graph(args)
+            return
         ServeSubcommand.cmd(args)
+
+
+def serve_stage_graph(args: argparse.Namespace) -> None:
+    from vllm_omni.config.model_defaults import resolve_stage_graph
+    from vllm_omni.entrypoints.openai.api_server import ServerConfig, run_server
+
+    try:
+        graph = resolve_stage_graph(args.model, args.stage_configs)
+    except ValueError as e:
+        raise SystemExit(f"vllm-omni serve: error: {e}") from None
+    overrides = {}
+    for stage in graph.stages:
+        if stage.engine_type != "AR":
+            continue
+        engine_args: dict = {}
+        override: dict = {"engine_args": engine_args}
+        if args.enforce_eager:
+            engine_args["enforce_eager"] = True
+        if args.pipeline_parallel_size > 1:
+            engine_args["pipeline_parallel_size"] = args.pipeline_parallel_size
+        if args.cpp:
+            override["scheduler"] = "cpp"
+            engine_args["cpp"] = (args.additional_config or {}).get(CPP_CONFIG_KEY)
+        overrides[stage.name] = override
+    config = ServerConfig(
+        model=args.model,
+        served_model_name=(args.served_model_name or [args.model])[0],
+        api_keys=tuple(args.api_key or ()),
+        max_pixels=args.max_image_pixels,
+        stage_configs=args.stage_configs,
+        stage_overrides=overrides,
+    )
+    run_server(config, args.host, args.port, args.uvicorn_log_level)

@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: Apache-2.0
+"""AsyncOmniLLM: the asyncio API over a stage graph (what the omni server uses).
+
+    omni = await AsyncOmniLLM.create("path/to/Qwen-Image")
+    output = await omni.generate("a red cat", DiffusionSamplingParams(seed=0))
+    async for event in omni.stream("a red cat", params):   # per-stage progress, then the output
+        print(event)
+
+Cancelling the awaiting task (or `abort(request_id)`) cancels the request in every stage and
+frees its KV blocks and DiT cache entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_omni.config.model_defaults import resolve_stage_graph
+from vllm_omni.config.stage_config import StageGraph
+from vllm_omni.engine.omni_engine import OmniEngine, StageEvent
+from vllm_omni.outputs import OmniRequestOutput
+
+
+@dataclass(frozen=True)
+class RequestFinished:
+    """The last item of `stream`."""
+
+    output: OmniRequestOutput
+
+
+class AsyncOmniLLM:
+    def __init__(self, engine: OmniEngine) -> None:
+        """Use `create`; this takes an engine whose stages are already started."""
+        self.engine = engine
+
+    @classmethod
+    async def create(
+        cls,
+        model: str | Path | None = None,
+        *,
+        stage_configs: str | Path | StageGraph | Mapping | None = None,
+        stage_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> AsyncOmniLLM:
+        """Build the stage graph (as OmniLLM does) and start every stage."""
+        engine = OmniEngine(resolve_stage_graph(model, stage_configs, stage_overrides))
+        await engine.start()
+        return cls(engine)
+
+    @property
+    def graph(self) -> StageGraph:
+        return self.engine.graph
+
+    def prepare(self, prompt, sampling_params: Any = None) -> tuple[dict, dict]:
+        """Validate a request without running it (raises ValueError naming the field)."""
+        return self.engine.prepare(prompt, sampling_params)
+
+    async def generate(
+        self,
+        prompt: str | Mapping[str, str],
+        sampling_params: Any = None,
+        request_id: str | None = None,
+    ) -> OmniRequestOutput:
+        return await self.engine.generate(prompt, sampling_params, request_id)
+
+    async def stream(
+        self,
+        prompt: str | Mapping[str, str],
+        sampling_params: Any = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[StageEvent | RequestFinished]:
+        """Yield a StageEvent as each stage starts and finishes the request, then the output."""
+        inputs, params = self.engine.prepare(prompt, sampling_params)
+        events: asyncio.Queue = asyncio.Queue()
+        task = asyncio.create_task(
+            self.engine.run_prepared(inputs, params, request_id, on_event=events.put_nowait)
+        )
+        task.add_done_callback(lambda _: events.put_nowait(None))
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+            yield RequestFinished(task.result())
+        finally:
+            task.cancel()
+
+    async def abort(self, request_id: str) -> bool:
+        return self.engine.abort(request_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.engine.stats()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,256 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The omni server: OpenAI-compatible endpoints over an AsyncOmniLLM stage graph.
+
+    vllm serve path/to/Qwen-Image --omni        (or: vllm-omni serve path/to/Qwen-Image)
+
+Routes: POST /v1/images/generations, GET /v1/models, GET /health, GET /metrics. `--api-key`
+guards every route. Bad input gets HTTP 400 with an OpenAI-style error body naming the field;
+a client that disconnects cancels its request in every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import time
+from collections.abc import Awaitable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import REGISTRY, generate_latest
+
+from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
+from vllm_omni.entrypoints.openai.metrics import OmniMetrics
+from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest, error_body
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
+
+DISCONNECT_POLL_S = 0.5
+DEFAULT_MAX_PIXELS = 2048 * 2048
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str
+    served_model_name: str
+    api_keys: tuple[str, ...] = ()
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    stage_configs: Any = None
+    stage_overrides: Mapping[str, Any] | None = None
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class APIKeyMiddleware:
+    """Every route needs `Authorization: Bearer <key>`. Plain ASGI (not Starlette's
+    BaseHTTPMiddleware, which hides the client's disconnect from the endpoint)."""
+
+    def __init__(self, app, api_keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.api_keys = api_keys
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if header.removeprefix("Bearer ").strip() not in self.api_keys:
+                body = error_body(
+                    "invalid or missing API key", kind="authentication_error", code=401
+                )
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI:
+    """The FastAPI app; it starts the stage graph on startup unless `omni` is given."""
+    metrics = OmniMetrics()
+    state: dict[str, Any] = {"omni": omni}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if state["omni"] is None:
+            state["omni"] = await AsyncOmniLLM.create(
+                config.model,
+                stage_configs=config.stage_configs,
+                stage_overrides=config.stage_overrides,
+            )
+        _observe_steps(state["omni"], metrics)
+        logger.info(
+            "omni server ready: %s (stages %s)",
+            config.served_model_name,
+            ", ".join(state["omni"].graph.names),
+        )
+        try:
+            yield
+        finally:
+            state["omni"].shutdown()
+
+    app = FastAPI(title="vllm-omni", lifespan=lifespan)
+
+    if config.api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(loc) or None
+        message = first.get("msg", "invalid request").removeprefix("Value error, ")
+        return _bad_request(f"{param}: {message}" if param else message, param)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": config.served_model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "vllm-omni",
+                    "root": config.model,
+                }
+            ],
+        }
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.update_from_stats(await state["omni"].stats())
+        body = generate_latest(metrics.registry) + generate_latest(REGISTRY)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/images/generations")
+    async def images(body: ImageGenerationRequest, request: Request):
+        endpoint = "images"
+        start = time.monotonic()
+        omni: AsyncOmniLLM = state["omni"]
+        try:
+            params = _diffusion_params(body, omni, config)
+            prepared = [omni.prepare(_prompt(body), p) for p in params]  # fail before running
+        except ValueError as e:
+            metrics.requests.labels(endpoint, "rejected").inc()
+            return _bad_request(str(e), _field_of(str(e)))
+        jobs = [omni.engine.run_prepared(*x) for x in prepared]
+        try:
+            outputs = await _cancel_on_disconnect(request, asyncio.gather(*jobs))
+        except ClientDisconnected:
+            metrics.requests.labels(endpoint, "cancelled").inc()
+            return Response(status_code=499)
+        except asyncio.CancelledError:  # the server cancelled the handler (client gone)
+            metrics.requests.labels(endpoint, "cancelled").inc()
+            raise
+        except ValueError as e:
+            metrics.requests.labels(endpoint, "rejected").inc()
+            return _bad_request(str(e), _field_of(str(e)))
+        except Exception as e:  # a stage failed: report it, keep serving
+            logger.exception("image request failed")
+            metrics.requests.labels(endpoint, "failed").inc()
+            return JSONResponse(error_body(str(e), kind="internal_error", code=500), 500)
+        data = [
+            {"b64_json": _png_b64(out.images[0]), "revised_prompt": None, "seed": out.seed}
+            for out in outputs
+        ]
+        metrics.requests.labels(endpoint, "finished").inc()
+        metrics.images.inc(len(data))
+        metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+        width, height = outputs[0].images[0].size
+        return {
+            "created": int(time.time()),
+            "data": data,
+            "size": f"{width}x{height}",
+            "output_format": "png",
+        }
+
+    return app
+
+
+def _prompt(body: ImageGenerationRequest) -> dict[str, str]:
+    prompt = {"prompt": body.prompt}
+    if body.negative_prompt is not None:
+        prompt["negative_prompt"] = body.negative_prompt
+    return prompt
+
+
+def _diffusion_params(
+    body: ImageGenerationRequest, omni: AsyncOmniLLM, config: ServerConfig
+) -> list[DiffusionSamplingParams]:
+    """One parameter set per image: `n` images get seeds seed, seed+1, ... (or fresh ones)."""
+    size = body.parsed_size()
+    kwargs: dict[str, Any] = {}
+    if size is not None:
+        width, height = size
+        if width * height > config.max_pixels:
+            raise ValueError(
+                f"size: {width}x{height} is {width * height} pixels; the limit is "
+                f"{config.max_pixels} (--max-image-pixels)"
+            )
+        multiple = _size_multiple(omni)
+        if width % multiple or height % multiple or not width or not height:
+            raise ValueError(f"size: width and height must be positive multiples of {multiple}")
+        kwargs.update(width=width, height=height)
+    if body.num_inference_steps is not None:
+        kwargs["num_inference_steps"] = body.num_inference_steps
+    if body.true_cfg_scale is not None:
+        kwargs["true_cfg_scale"] = body.true_cfg_scale
+    seeds = [None] * body.n if body.seed is None else [body.seed + i for i in range(body.n)]
+    return [DiffusionSamplingParams(seed=seed, **kwargs) for seed in seeds]
+
+
+def _size_multiple(omni: AsyncOmniLLM) -> int:
+    multiples = [
+        s.info.get("size_multiple", 1)
+        for s in omni.engine.stages.values()
+        if s.engine_type == "DiT"
+    ]
+    return max(multiples, default=1)
+
+
+async def _cancel_on_disconnect(request: Request, work: Awaitable):
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise ClientDisconnected
+
+
+def _observe_steps(omni: AsyncOmniLLM, metrics: OmniMetrics) -> None:
+    for name, stage in omni.engine.stages.items():
+        if stage.engine_type == "DiT":
+            stage.step_listeners.append(metrics.step_seconds.labels(name).observe)
+
+
+def _png_b64(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _field_of(message: str) -> str | None:
+    head = message.split(":", 1)[0]
+    return head if head and " " not in head else None
+
+
+def _bad_request(message: str, param: str | None) -> JSONResponse:
+    return JSONResponse(error_body(message, param), status_code=400)
+
+
+def run_server(config: ServerConfig, host: str | None, port: int, log_level: str = "info") -> None:
+    import uvicorn
+
+    uvicorn.run(build_app(config), host=host or "0.0.0.0", port=port, log_level=log_level)
