@@ -217,6 +217,8 @@ def write_png(results: list[Result], path: Path) -> None:
                 [(s, e - s) for s, e in intervals],
                 (y - 0.35, 0.7),
                 color="tab:gray" if y == 0 else f"C{y}",
+                edgecolor="white",
+                linewidth=0.3,
             )
         ax.set_yticks(range(len(rows)), [label for label, _ in rows])
         ax.invert_yaxis()

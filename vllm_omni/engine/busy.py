@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-MAX_INTERVALS = 100_000
+MAX_INTERVALS = 10_000  # bounded: a long-running server keeps only recent history
 
 
 class BusyTracker:

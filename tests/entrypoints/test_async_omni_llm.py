@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""AsyncOmniLLM on the caller's event loop: stage progress, and cancellation in every stage."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from vllm_omni import AsyncOmniLLM, DiffusionSamplingParams
+from vllm_omni.engine.omni_engine import StageEvent
+from vllm_omni.entrypoints.async_omni_llm import RequestFinished
+
+pytestmark = pytest.mark.engine
+
+
+async def _scenario(model) -> None:
+    omni = await AsyncOmniLLM.create(
+        model, stage_overrides={"text_encoder": {"engine_args": {"enforce_eager": True}}}
+    )
+    try:
+        params = DiffusionSamplingParams(height=64, width=64, num_inference_steps=2, seed=4)
+        events = [e async for e in omni.stream("a cat", params, request_id="r1")]
+        progress = [(e.stage, e.status) for e in events if isinstance(e, StageEvent)]
+        assert progress == [
+            ("text_encoder", "started"),
+            ("text_encoder", "finished"),
+            ("dit", "started"),
+            ("dit", "finished"),
+        ]
+        assert isinstance(events[-1], RequestFinished)
+        assert events[-1].output.images[0].size == (64, 64)
+        same = await omni.generate("a cat", params)
+        assert list(same.images[0].getdata()) == list(events[-1].output.images[0].getdata())
+
+        # Cancelling the awaiting task cancels the request in every stage.
+        slow = DiffusionSamplingParams(height=64, width=64, num_inference_steps=1000, seed=1)
+        task = asyncio.create_task(omni.generate("slow", slow, request_id="slow"))
+        for _ in range(600):
+            if (await omni.stats())["dit"]["cache_entries"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the request never reached the DiT stage")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stats = await omni.stats()
+        assert stats["dit"]["cache_entries"] == 0 and stats["dit"]["num_running"] == 0
+        assert stats["requests"]["aborted"] == 1 and stats["requests"]["running"] == 0
+    finally:
+        omni.shutdown()
+
+
+def test_stream_and_cancel(tiny_models) -> None:
+    asyncio.run(_scenario(tiny_models["qwen-image"]))
