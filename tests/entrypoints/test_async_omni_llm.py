@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
 from vllm_omni import AsyncOmniLLM, DiffusionSamplingParams
+from vllm_omni.engine.dit_stage import DiTStageError
 from vllm_omni.engine.omni_engine import StageEvent
 from vllm_omni.entrypoints.async_omni_llm import RequestFinished
 
@@ -48,6 +51,15 @@ async def _scenario(model) -> None:
         stats = await omni.stats()
         assert stats["dit"]["cache_entries"] == 0 and stats["dit"]["num_running"] == 0
         assert stats["requests"]["aborted"] == 1 and stats["requests"]["running"] == 0
+
+        # A DiT process that dies fails the requests it held (no hang) and shows as dead.
+        assert omni.engine.dead_stages() == []
+        doomed = asyncio.create_task(omni.generate("doomed", slow))
+        await asyncio.sleep(1.0)
+        os.kill(omni.engine.stages["dit"].pid, signal.SIGKILL)
+        with pytest.raises(DiTStageError, match="process died"):
+            await asyncio.wait_for(doomed, 30)
+        assert omni.engine.dead_stages() == ["dit"]
     finally:
         omni.shutdown()
 

@@ -195,3 +195,43 @@ def test_metrics(server, client) -> None:
     assert _metric(server, "vllm_omni:stage_step_seconds_count", stage="dit") >= 2
     assert _metric(server, "vllm_omni:stage_requests_waiting", stage="dit") == 0
     assert _metric(server, "vllm_omni:kv_cache_usage_perc", stage="text_encoder") == 0
+
+
+def test_chat_completions_return_the_image(client) -> None:
+    reply = client.chat.completions.create(
+        model="tiny-qwen-image",
+        messages=[
+            {"role": "system", "content": "ignored by an image model"},
+            {"role": "user", "content": "a red cat on a blue sofa"},
+        ],
+        modalities=["image"],
+        extra_body={"size": "64x64", "seed": 11, **FAST},
+    )
+    parts = reply.choices[0].message.content
+    assert [p["type"] for p in parts] == ["image_url"]
+    url = parts[0]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    chat_image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    direct = client.images.generate(
+        prompt="a red cat on a blue sofa", size="64x64", extra_body={"seed": 11, **FAST}
+    )
+    assert max_pixel_diff(chat_image, _image(direct.data[0])) == 0
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"modalities": ["text"]}, "modalities"),
+        ({"stream": True}, "stream"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_chat_bad_input(server, body, param) -> None:
+    request = {"model": "tiny-qwen-image", "messages": [{"role": "user", "content": "x"}], **body}
+    r = requests.post(
+        f"{server.url}/v1/chat/completions", json=request, headers=server.headers, timeout=30
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

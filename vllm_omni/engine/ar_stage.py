@@ -130,6 +130,10 @@ class ARStage:
         completion = final.outputs[0]
         return {"text": completion.text, "token_ids": list(completion.token_ids)}
 
+    @property
+    def is_alive(self) -> bool:
+        return self.engine is not None and not self.engine.errored
+
     def stats(self) -> dict[str, Any]:
         """The engine's latest scheduler state (KV cache usage, queue depths) and counters."""
         out: dict[str, Any] = {"num_finished": self.num_finished}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing
+import queue
 import random
 import threading
 import time
@@ -143,12 +144,29 @@ class DiTStage:
         return {**self.last_stats, "num_finished": self.num_finished}
 
     # ------------------------------------------------------------------ plumbing
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
     def _read(self) -> None:
+        process = self._process
         while True:
-            message = self._outbox.get()
+            try:
+                message = self._outbox.get(timeout=1.0)
+            except queue.Empty:
+                if process.is_alive():
+                    continue
+                # Killed (e.g. out of memory) without a word: fail what it held, loudly.
+                message = ("died", None, process.exitcode)
             if message is None:
                 return
             self._loop.call_soon_threadsafe(self._dispatch, message)
+            if message[0] == "died":
+                return
 
     def _dispatch(self, message: tuple) -> None:
         kind, key, payload = message
@@ -159,6 +177,12 @@ class DiTStage:
                 self._ready.set_exception(
                     DiTStageError(f"DiT stage {self.name!r} failed to start:\n{payload}")
                 )
+        elif kind == "died":
+            error = DiTStageError(f"DiT stage {self.name!r} process died (exit code {payload})")
+            logger.error("%s", error)
+            for future in [self._ready, *self._pending.values()]:
+                if future is not None and not future.done():
+                    future.set_exception(error)
         elif kind == "step":
             self.busy.add(payload[0], payload[1])
             for listener in self.step_listeners:

@@ -231,6 +231,10 @@ class OmniEngine:
         task.cancel()
         return True
 
+    def dead_stages(self) -> list[str]:
+        """Stages whose engine or process is gone (the server's /health reports them)."""
+        return [name for name, stage in self.stages.items() if not stage.is_alive]
+
     @property
     def num_unfinished(self) -> int:
         return len(self._requests)

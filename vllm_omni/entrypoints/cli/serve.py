@@ -67,8 +67,16 @@ class OmniServeCommand(ServeSubcommand):
 
 
 def serve_stage_graph(args: argparse.Namespace) -> None:
+    from vllm_omni.entrypoints.openai.api_server import run_server
+
+    run_server(server_config(args), args.host, args.port, args.uvicorn_log_level)
+
+
+def server_config(args: argparse.Namespace):
+    """The omni server's config from vLLM-style serve args; vLLM flags that make sense for
+    the graph's AR stages are passed on to them as stage overrides."""
     from vllm_omni.config.model_defaults import resolve_stage_graph
-    from vllm_omni.entrypoints.openai.api_server import ServerConfig, run_server
+    from vllm_omni.entrypoints.openai.api_server import ServerConfig
 
     try:
         graph = resolve_stage_graph(args.model, args.stage_configs)
@@ -88,7 +96,7 @@ def serve_stage_graph(args: argparse.Namespace) -> None:
             override["scheduler"] = "cpp"
             engine_args["cpp"] = (args.additional_config or {}).get(CPP_CONFIG_KEY)
         overrides[stage.name] = override
-    config = ServerConfig(
+    return ServerConfig(
         model=args.model,
         served_model_name=(args.served_model_name or [args.model])[0],
         api_keys=tuple(args.api_key or ()),
@@ -96,4 +104,3 @@ def serve_stage_graph(args: argparse.Namespace) -> None:
         stage_configs=args.stage_configs,
         stage_overrides=overrides,
     )
-    run_server(config, args.host, args.port, args.uvicorn_log_level)

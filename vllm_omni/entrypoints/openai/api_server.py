@@ -3,7 +3,8 @@
 
     vllm serve path/to/Qwen-Image --omni        (or: vllm-omni serve path/to/Qwen-Image)
 
-Routes: POST /v1/images/generations, GET /v1/models, GET /health, GET /metrics. `--api-key`
+Routes: POST /v1/images/generations, POST /v1/chat/completions (image output: the reply's
+content is `image_url` parts), GET /v1/models, GET /health, GET /metrics. `--api-key`
 guards every route. Bad input gets HTTP 400 with an OpenAI-style error body naming the field;
 a client that disconnects cancels its request in every stage.
 """
@@ -14,6 +15,7 @@ import asyncio
 import base64
 import io
 import time
+import uuid
 from collections.abc import Awaitable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,7 +29,12 @@ from prometheus_client import REGISTRY, generate_latest
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
-from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest, error_body
+from vllm_omni.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ImageGenerationRequest,
+    ImageOptions,
+    error_body,
+)
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -109,6 +116,10 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
 
     @app.get("/health")
     async def health() -> Response:
+        dead = state["omni"].engine.dead_stages()
+        if dead:
+            message = f"stage(s) {', '.join(dead)} stopped; restart the server"
+            return JSONResponse(error_body(message, kind="service_unavailable", code=503), 503)
         return Response(status_code=200)
 
     @app.get("/v1/models")
@@ -132,40 +143,48 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
         body = generate_latest(metrics.registry) + generate_latest(REGISTRY)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/images/generations")
-    async def images(body: ImageGenerationRequest, request: Request):
-        endpoint = "images"
-        start = time.monotonic()
+    async def run_images(endpoint: str, request: Request, prompt: dict, body: ImageOptions):
+        """Run body.n images of `prompt`; returns (outputs, None) or (None, error response)."""
         omni: AsyncOmniLLM = state["omni"]
         try:
             params = _diffusion_params(body, omni, config)
-            prepared = [omni.prepare(_prompt(body), p) for p in params]  # fail before running
+            prepared = [omni.prepare(prompt, p) for p in params]  # fail before running anything
         except ValueError as e:
             metrics.requests.labels(endpoint, "rejected").inc()
-            return _bad_request(str(e), _field_of(str(e)))
+            return None, _bad_request(str(e), _field_of(str(e)))
         jobs = [omni.engine.run_prepared(*x) for x in prepared]
         try:
-            outputs = await _cancel_on_disconnect(request, asyncio.gather(*jobs))
+            return await _cancel_on_disconnect(request, asyncio.gather(*jobs)), None
         except ClientDisconnected:
             metrics.requests.labels(endpoint, "cancelled").inc()
-            return Response(status_code=499)
+            return None, Response(status_code=499)
         except asyncio.CancelledError:  # the server cancelled the handler (client gone)
             metrics.requests.labels(endpoint, "cancelled").inc()
             raise
         except ValueError as e:
             metrics.requests.labels(endpoint, "rejected").inc()
-            return _bad_request(str(e), _field_of(str(e)))
+            return None, _bad_request(str(e), _field_of(str(e)))
         except Exception as e:  # a stage failed: report it, keep serving
             logger.exception("image request failed")
             metrics.requests.labels(endpoint, "failed").inc()
-            return JSONResponse(error_body(str(e), kind="internal_error", code=500), 500)
+            return None, JSONResponse(error_body(str(e), kind="internal_error", code=500), 500)
+
+    def finished(endpoint: str, start: float, num_images: int) -> None:
+        metrics.requests.labels(endpoint, "finished").inc()
+        metrics.images.inc(num_images)
+        metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+
+    @app.post("/v1/images/generations")
+    async def images(body: ImageGenerationRequest, request: Request):
+        start = time.monotonic()
+        outputs, error = await run_images("images", request, _prompt(body.prompt, body), body)
+        if error is not None:
+            return error
         data = [
             {"b64_json": _png_b64(out.images[0]), "revised_prompt": None, "seed": out.seed}
             for out in outputs
         ]
-        metrics.requests.labels(endpoint, "finished").inc()
-        metrics.images.inc(len(data))
-        metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+        finished("images", start, len(data))
         width, height = outputs[0].images[0].size
         return {
             "created": int(time.time()),
@@ -174,18 +193,51 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
             "output_format": "png",
         }
 
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        start = time.monotonic()
+        try:
+            text = body.prompt()
+        except ValueError as e:
+            metrics.requests.labels("chat", "rejected").inc()
+            return _bad_request(str(e), "messages")
+        outputs, error = await run_images("chat", request, _prompt(text, body), body)
+        if error is not None:
+            return error
+        finished("chat", start, len(outputs))
+        parts = [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_b64(im)}"}}
+            for out in outputs
+            for im in out.images
+        ]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": config.served_model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": parts},
+                    "finish_reason": "stop",
+                }
+            ],
+            "seeds": [out.seed for out in outputs],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+
     return app
 
 
-def _prompt(body: ImageGenerationRequest) -> dict[str, str]:
-    prompt = {"prompt": body.prompt}
+def _prompt(text: str, body: ImageOptions) -> dict[str, str]:
+    prompt = {"prompt": text}
     if body.negative_prompt is not None:
         prompt["negative_prompt"] = body.negative_prompt
     return prompt
 
 
 def _diffusion_params(
-    body: ImageGenerationRequest, omni: AsyncOmniLLM, config: ServerConfig
+    body: ImageOptions, omni: AsyncOmniLLM, config: ServerConfig
 ) -> list[DiffusionSamplingParams]:
     """One parameter set per image: `n` images get seeds seed, seed+1, ... (or fresh ones)."""
     size = body.parsed_size()

@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vllm-omni serve <pipeline>`: vLLM flags become the omni server's config and stage overrides
+(no server is started here)."""
+
+from __future__ import annotations
+
+import json
+
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from vllm_omni.config.model_defaults import resolve_stage_graph
+from vllm_omni.engine.ar_stage import ARStage
+from vllm_omni.entrypoints.cli.serve import OmniServeCommand, server_config
+
+
+def _args(*argv: str):
+    parser = FlexibleArgumentParser()
+    command = OmniServeCommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    args = parser.parse_args(["serve", *argv])
+    args.model = args.model_tag
+    command.validate(args)
+    return args
+
+
+def test_cpp_and_engine_flags_reach_the_ar_stages(tmp_path) -> None:
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    args = _args(
+        str(tmp_path),
+        "--cpp",
+        "-pp",
+        "2",
+        "--enforce-eager",
+        "--api-key",
+        "k",
+        "--served-model-name",
+        "qi",
+        "--max-image-pixels",
+        "65536",
+    )
+    config = server_config(args)
+    assert config.served_model_name == "qi" and config.api_keys == ("k",)
+    assert config.max_pixels == 65536
+    assert set(config.stage_overrides) == {"text_encoder"}  # the DiT stage takes no vLLM flags
+    graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert graph["text_encoder"].scheduler == "cpp"
+    engine_args = ARStage(graph["text_encoder"]).engine_args()
+    assert engine_args["scheduler_cls"] == "vllm_omni.cpp.scheduler.CPPScheduler"
+    assert engine_args["pipeline_parallel_size"] == 2 and engine_args["enforce_eager"]
+    assert engine_args["runner"] == "pooling"  # the processor's settings survive
+    assert "cpp" in engine_args["additional_config"]
+
+
+def test_plain_flags_leave_the_graph_alone(tmp_path) -> None:
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    config = server_config(_args(str(tmp_path)))
+    assert config.api_keys == () and config.served_model_name == str(tmp_path)
+    graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert graph["text_encoder"].scheduler == "default"
+    assert "scheduler_cls" not in ARStage(graph["text_encoder"]).engine_args()
