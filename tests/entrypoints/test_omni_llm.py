@@ -108,6 +108,22 @@ def test_abort_frees_dit_cache_and_kv_blocks(omni) -> None:
     assert ar["kv_cache_usage"] == 0.0 and ar["num_running"] == 0
 
 
+def test_stages_overlap_across_requests(omni) -> None:
+    """Stage 0 of a later request runs while stage 1 still works on an earlier one."""
+    long = DiffusionSamplingParams(height=64, width=64, num_inference_steps=300, seed=2)
+    first = omni.add_request("an early cat", long)
+    deadline = time.monotonic() + 60
+    while omni.get_stage_stats()["dit"]["cache_entries"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = omni.add_request("a later dog", CASES[0][1]).result(timeout=120)
+    first = first.result(timeout=120)
+    assert first.stage_timings["dit"].start < second.stage_timings["text_encoder"].start
+    assert second.stage_timings["text_encoder"].end < first.stage_timings["dit"].end
+    # Step-level batching: the short request joined the long one's batch and left first.
+    assert second.finished < first.finished
+
+
 @pytest.mark.parametrize(
     "prompt, params, message",
     [
@@ -140,6 +156,7 @@ stages:
       negative_prompt_embeds: encoder.negative_prompt_embeds
     scheduler: fifo   # whole diffusers calls, batched
     dit: {decode: false, max_num_seqs: 4}
+    max_inflight: 2   # back-pressure: a third request waits in the orchestrator
   - name: decode
     engine_type: DiT
     model: .
@@ -155,11 +172,16 @@ def test_yaml_graph_with_a_vae_stage(tiny_models, pipe, tmp_path) -> None:
     path.write_text(GRAPH_YAML)
     with OmniLLM(tiny_models["qwen-image"], stage_configs=path) as llm:
         futures = [llm.add_request(prompt, p) for prompt, p in CASES]
-        for (prompt, p), future in zip(CASES, futures):
-            out = future.result(timeout=120)
+        outputs = [f.result(timeout=120) for f in futures]
+        for (prompt, p), out in zip(CASES, outputs):
             assert set(out.stage_timings) == {"encoder", "denoise", "decode"}
             diff = max_pixel_diff(out.images[0], reference_image(pipe, prompt, p))
             assert diff <= 2, f"{prompt!r}: max pixel difference {diff} > 2/255"
+        # At most two requests inside the denoise stage at any time.
+        spans = sorted(
+            (o.stage_timings["denoise"].start, o.stage_timings["denoise"].end) for o in outputs
+        )
+        assert spans[2][0] >= min(spans[0][1], spans[1][1])
         stats = llm.get_stage_stats()
         assert stats["denoise"]["cache_entries"] == 0 and stats["decode"]["cache_entries"] == 0
         assert stats["decode"]["num_finished"] == len(CASES)
