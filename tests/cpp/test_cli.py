@@ -82,6 +82,7 @@ def test_serve_with_cpp_answers_long_prompts(tiny_models):
         "2",
         "--max-model-len",
         "8192",
+        "--cpp-slo",
     ]
     with ServerProcess(command) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
@@ -91,5 +92,20 @@ def test_serve_with_cpp_answers_long_prompts(tiny_models):
         )
         assert completion.usage.prompt_tokens == 6000
         assert completion.usage.completion_tokens == 4
+        # SLO-aware scheduling: per-request SLOs through vllm_xargs; bad ones are a 400.
+        completion = client.completions.create(
+            model=model,
+            prompt="hello",
+            max_tokens=2,
+            extra_body={"vllm_xargs": {"ttft_slo_ms": 500, "tpot_slo_ms": 100}},
+        )
+        assert completion.usage.completion_tokens >= 1
+        with pytest.raises(openai.BadRequestError, match="ttft_slo_ms"):
+            client.completions.create(
+                model=model,
+                prompt="hello",
+                max_tokens=2,
+                extra_body={"vllm_xargs": {"ttft_slo_ms": -1}},
+            )
         log = server.log_text()
     assert "CPP scheduler: pp=2" in log

@@ -32,6 +32,7 @@ def make_scheduler(config: CPPConfig = CPPConfig(), pp_size: int = 2, overhead_t
     scheduler._prefill_budgets = {}
     scheduler._step_budget_left = None
     scheduler.last_step_cost = 0.0
+    scheduler._allowances = None  # SLO-aware scheduling off
     return scheduler
 
 

@@ -15,6 +15,9 @@ OPTION_FLAGS = {
     "--cpp-min-chunk": "min_chunk",
     "--cpp-cost-model": "cost_model",
     "--cpp-overhead-tokens": "overhead_tokens",
+    "--cpp-slo": "slo",
+    "--cpp-ttft-slo-ms": "ttft_slo_ms",
+    "--cpp-tpot-slo-ms": "tpot_slo_ms",
 }
 
 
@@ -51,6 +54,27 @@ def add_cpp_args(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="Analytic model only: fixed cost per step, in tokens of linear work.",
     )
+    group.add_argument(
+        "--cpp-slo",
+        action="store_true",
+        default=None,
+        help="SLO-aware scheduling: prefills share each step by least relative slack "
+        "(per-request SLOs: vllm_xargs ttft_slo_ms / tpot_slo_ms).",
+    )
+    group.add_argument(
+        "--cpp-ttft-slo-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="Default TTFT SLO for requests that set none (with --cpp-slo).",
+    )
+    group.add_argument(
+        "--cpp-tpot-slo-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="Default TPOT SLO for requests that set none (with --cpp-slo).",
+    )
 
 
 def apply_cpp_args(args: argparse.Namespace) -> None:
@@ -74,12 +98,15 @@ def apply_cpp_args(args: argparse.Namespace) -> None:
             scheduler_cls=args.scheduler_cls,
             worker_cls=args.worker_cls,
             additional_config=args.additional_config,
+            logits_processors=args.logits_processors,
         )
     except ValueError as e:
         raise ValueError(f"--cpp: {e}") from None
     args.scheduler_cls = engine_args["scheduler_cls"]
     args.worker_cls = engine_args["worker_cls"]
     args.additional_config = engine_args["additional_config"]
+    if "logits_processors" in engine_args:
+        args.logits_processors = engine_args["logits_processors"]
     args.enable_chunked_prefill = True
     if args.max_num_batched_tokens is None:
         args.max_num_batched_tokens = engine_args["max_num_batched_tokens"]

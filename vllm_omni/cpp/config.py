@@ -31,6 +31,15 @@ class CPPConfig:
     lookahead_steps: int = 1
     """Steps scheduled beyond the pp_size in flight, so a stage that finishes finds its next chunk
     queued instead of waiting for the engine's round trip (0: vLLM's own queue of pp_size)."""
+    slo: bool = False
+    """SLO-aware scheduling (vllm_omni.cpp.slo): prefills share each step's compute budget by
+    least relative slack; steps are kept short enough for the tightest TTFT SLO in play."""
+    ttft_slo_ms: float | None = None
+    """Default TTFT SLO of requests that set none (`vllm_xargs.ttft_slo_ms`)."""
+    tpot_slo_ms: float | None = None
+    """Default TPOT SLO of requests that set none (`vllm_xargs.tpot_slo_ms`)."""
+    max_wait_s: float = 60.0
+    """Starvation guard: a request waiting this long goes first, whatever its slack."""
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
@@ -51,6 +60,22 @@ class CPPConfig:
             raise ValueError(
                 f"cpp.lookahead_steps must be an integer in [0, 4], got {self.lookahead_steps!r}"
             )
+        if not isinstance(self.slo, bool):
+            raise ValueError(f"cpp.slo must be true or false, got {self.slo!r}")
+        for name in ("ttft_slo_ms", "tpot_slo_ms"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+            ):
+                raise ValueError(f"cpp.{name} must be a positive number of ms, got {value!r}")
+            if value is not None and not self.slo:
+                raise ValueError(f"cpp.{name} needs cpp.slo (--cpp-slo)")
+        if (
+            isinstance(self.max_wait_s, bool)
+            or not isinstance(self.max_wait_s, (int, float))
+            or (self.max_wait_s <= 0)
+        ):
+            raise ValueError(f"cpp.max_wait_s must be a positive number, got {self.max_wait_s!r}")
         if not isinstance(self.overhead_tokens, int) or self.overhead_tokens < 0:
             raise ValueError(
                 f"cpp.overhead_tokens must be an integer >= 0, got {self.overhead_tokens!r}"

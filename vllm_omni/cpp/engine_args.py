@@ -50,6 +50,11 @@ def cpp_engine_args(
             )
     additional = dict(engine_args.pop("additional_config", None) or {})
     additional[CONFIG_KEY] = config.to_dict()
+    if config.slo:  # bad per-request SLOs get HTTP 400 at the API server
+        from vllm_omni.cpp.slo_validation import QUALNAME
+
+        processors = list(engine_args.pop("logits_processors", None) or [])
+        engine_args["logits_processors"] = [*processors, QUALNAME]
     return {
         "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
         **engine_args,

@@ -22,11 +22,15 @@ caching, preemption, aborts - is vLLM's own scheduler, reached through one hook,
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from vllm_omni.cpp import slo
 from vllm_omni.cpp.chunking import budget_for_steps, next_chunk_size, optimal_num_steps
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel
@@ -34,6 +38,9 @@ from vllm_omni.cpp.cost_model_source import resolve_cost_model
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
+
+RECENT_SLO_WINDOW_S = 30.0
+"""TTFT SLOs seen this recently keep capping the step length (traffic with tight SLOs is around)."""
 
 NUM_STEPS_ARG = "cpp_num_steps"
 """Per-request override of CPPConfig.num_steps in SamplingParams.extra_args (OpenAI: vllm_xargs)."""
@@ -58,6 +65,18 @@ class CPPScheduler(Scheduler):
         self._prefill_budgets: dict[str, float] = {}
         self._step_budget_left: float | None = None
         self.last_step_cost = 0.0
+        # SLO-aware scheduling (cpp.slo): per-request targets, this step's allowances, and the
+        # TTFT SLOs seen lately (they cap the step length while such traffic is around).
+        cfg = self.cpp_config
+        self.slo_defaults = slo.SLOTargets(
+            ttft_s=cfg.ttft_slo_ms / 1000 if cfg.ttft_slo_ms else None,
+            tpot_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms else None,
+        )
+        self._slos: dict[str, slo.SLOTargets] = {}
+        self._recent_ttft: deque[tuple[float, float]] = deque()
+        self._allowances: dict[str, float] | None = None
+        self._most_urgent: str | None = None
+        self.steps_in_flight = self.pp_size + cfg.lookahead_steps
         logger.info(
             "CPP scheduler: pp=%d, cost model %s, num_steps=%s, min_chunk=%d",
             self.pp_size,
@@ -69,12 +88,100 @@ class CPPScheduler(Scheduler):
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         # The first prefill a step meets sets the step's budget (see _reserve_prefill_lookahead).
         self._step_budget_left = None
-        self.last_step_cost = self.cost_model.step_overhead
+        previous_step_cost, self.last_step_cost = self.last_step_cost, self.cost_model.step_overhead
         if len(self._prefill_budgets) > len(self.requests) + 64:
             self._prefill_budgets = {
                 rid: b for rid, b in self._prefill_budgets.items() if rid in self.requests
             }
+        if len(self._slos) > len(self.requests) + 64:
+            self._slos = {rid: t for rid, t in self._slos.items() if rid in self.requests}
+        self._allowances = self._plan_slo_step(previous_step_cost) if self.cpp_config.slo else None
         return super().schedule(throttle_prefills)
+
+    # ------------------------------------------------------------------ SLO-aware steps
+    def request_slo(self, request: Request) -> slo.SLOTargets:
+        targets = self._slos.get(request.request_id)
+        if targets is None:
+            params = request.sampling_params
+            try:
+                targets = slo.request_slo(params.extra_args if params else None, self.slo_defaults)
+            except ValueError as e:  # the API layer should have refused it; never fail a step
+                logger.warning("request %s: %s; using the defaults", request.request_id, e)
+                targets = self.slo_defaults
+            self._slos[request.request_id] = targets
+            if targets.ttft_s is not None:
+                self._recent_ttft.append((time.monotonic(), targets.ttft_s))
+        return targets
+
+    def _demand(self, request: Request, whole_below: float) -> slo.PrefillDemand:
+        """What this prefill asks of the step: its CPP chunk, or all of it when that costs
+        less than `whole_below` (a short prompt finishes in one step instead of pipelining
+        over several: its first token comes sooner)."""
+        computed = request.num_computed_tokens
+        remaining = request.num_tokens - computed
+        remaining_cost = self.cost_model.chunk_cost(remaining, computed)
+        if remaining_cost <= whole_below:
+            step_cost = remaining_cost
+        else:
+            chunk = next_chunk_size(
+                self.cost_model,
+                computed,
+                remaining,
+                self.prefill_budget(request, computed),
+                self.chunk_align,
+                self.cpp_config.min_chunk,
+            )
+            step_cost = self.cost_model.chunk_cost(chunk, computed)
+        return slo.PrefillDemand(
+            request_id=request.request_id,
+            arrival=request.arrival_time,
+            priority=request.priority,
+            ttft_s=self.request_slo(request).ttft_s,
+            step_cost=step_cost,
+            remaining_cost=remaining_cost,
+        )
+
+    def _plan_slo_step(self, step_s: float) -> dict[str, float]:
+        """Order this step's prefills by least relative slack and give each its share of the
+        step budget; decodes come first and are never cut (see vllm_omni.cpp.slo)."""
+        prefills, decode_cost, tpots = [], 0.0, []
+        for request in self.running:
+            if request.num_tokens - request.num_computed_tokens <= 1:
+                decode_cost += self.cost_model.chunk_cost(1, request.num_computed_tokens)
+                tpot = self.request_slo(request).tpot_s
+                if tpot is not None:
+                    tpots.append(tpot)
+            else:
+                prefills.append(request)
+        prefills += list(self.waiting)
+        self._most_urgent = None
+        if not prefills:
+            return {}
+        for request in prefills:
+            self.request_slo(request)  # records the TTFT SLOs in play before the cap
+        now_mono = time.monotonic()
+        while self._recent_ttft and now_mono - self._recent_ttft[0][0] > RECENT_SLO_WINDOW_S:
+            self._recent_ttft.popleft()
+        cap = math.inf
+        if self.cost_model.unit == "s":  # SLOs are in seconds; an analytic model is not
+            cap = slo.step_budget_cap((t for _, t in self._recent_ttft), self.steps_in_flight)
+            if tpots:  # a decode's next token waits for its step to cross every stage
+                cap = min(cap, min(tpots) / self.pp_size)
+            cap -= decode_cost + self.cost_model.step_overhead
+        whole_below = cap if math.isfinite(cap) else 0.0  # no SLO in play: plain CPP chunks
+        demands = [self._demand(r, whole_below) for r in prefills]
+        ordered = slo.order(demands, time.time(), step_s, self.pp_size, self.cpp_config.max_wait_s)
+        budget = min(max(d.step_cost for d in demands), cap)
+        allowances = slo.allocate(ordered, max(budget, 0.0))
+        self._most_urgent = ordered[0].request_id
+        # Decodes first, then prefills most urgent first; vLLM preempts from the back.
+        rank = {d.request_id: i for i, d in enumerate(ordered)}
+        self.running.sort(key=lambda r: rank.get(r.request_id, -1))
+        if self.policy == SchedulingPolicy.FCFS and len(self.waiting) > 1:
+            waiting = sorted(self.waiting, key=lambda r: rank.get(r.request_id, len(rank)))
+            self.waiting.clear()
+            self.waiting.extend(waiting)
+        return allowances
 
     def prefill_budget(self, request: Request, num_computed_tokens: int) -> float:
         """Per-step compute budget for this request's prefill, fixed when it is first scheduled."""
@@ -118,6 +225,8 @@ class CPPScheduler(Scheduler):
         if remaining <= 1:  # a decode: charged, never cut
             self.last_step_cost += self.cost_model.chunk_cost(num_new_tokens, num_computed_tokens)
             return num_new_tokens
+        if self._allowances is not None:
+            return self._slo_chunk(request, num_computed_tokens, num_new_tokens)
         budget = self.prefill_budget(request, num_computed_tokens)
         first_prefill_of_step = self._step_budget_left is None
         if first_prefill_of_step:
@@ -139,5 +248,28 @@ class CPPScheduler(Scheduler):
         if chunk == remaining:
             self._prefill_budgets.pop(request.request_id, None)
         self._step_budget_left -= cost
+        self.last_step_cost += cost
+        return chunk
+
+    def _slo_chunk(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
+        """The prefill chunk within this request's allowance of the step (0: it waits)."""
+        allowance = self._allowances.get(request.request_id)
+        if allowance is None:
+            return 0
+        remaining = request.num_tokens - num_computed_tokens
+        chunk = next_chunk_size(
+            self.cost_model,
+            num_computed_tokens,
+            remaining,
+            allowance,
+            self.chunk_align,
+            self.cpp_config.min_chunk,
+        )
+        chunk = min(chunk, num_new_tokens)
+        cost = self.cost_model.chunk_cost(chunk, num_computed_tokens)
+        if cost > allowance * (1 + 1e-9) and request.request_id != self._most_urgent:
+            return 0  # its smallest chunk does not fit; the most urgent always progresses
+        if chunk == remaining:
+            self._prefill_budgets.pop(request.request_id, None)
         self.last_step_cost += cost
         return chunk

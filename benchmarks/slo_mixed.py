@@ -1,0 +1,296 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Mixed long and short traffic against a live PP=2 server: plain vLLM (fcfs, priority), CPP,
+and CPP with SLO-aware scheduling.
+
+    .venv/bin/python benchmarks/slo_mixed.py --json out/slo.json
+
+For each server configuration: start `vllm-omni serve <tiny llama> -pp 2 ...`, measure unloaded
+TTFT/TPOT of short prompts and the solo TTFT of each long prompt, then replay one seeded trace
+per load level - long prompts at fixed times, short prompts (256-1K tokens, 16-64 output tokens)
+arriving as a Poisson process - through /v1/completions with streaming. SLOs per request: short
+TTFT <= 3x its unloaded TTFT, every token gap <= 3x the unloaded TPOT, long TTFT <= 1.3x solo.
+They are sent as `vllm_xargs` (ttft_slo_ms, tpot_slo_ms), which only the SLO-aware scheduler
+reads; plain priority gets short=0, long=1. Reported per configuration and load: short-request
+TTFT attainment, decode-step TPOT attainment, long TTFT / solo, goodput (requests meeting all
+their SLOs per second), P50/P99 TTFT per class, P99 TPOT, throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+
+CONFIGS = {
+    "vLLM fcfs": [],
+    "vLLM priority": ["--scheduling-policy", "priority"],
+    "CPP": ["--cpp"],
+    "CPP+SLO": ["--cpp", "--cpp-slo"],
+}
+LOADS = {"low": 0.5, "high": 1.0}  # short requests per second
+SHORT_SIZES = (256, 512, 768, 1024)
+VOCAB = 2048
+
+
+@dataclass
+class Sample:
+    kind: str  # "short" | "long"
+    prompt_len: int
+    max_tokens: int
+    at: float  # seconds after the trace starts
+    ttft_s: float = float("nan")
+    gaps_s: list[float] = field(default_factory=list)
+    slo_ttft_s: float = float("nan")
+    slo_tpot_s: float = float("nan")
+    error: str | None = None
+
+    @property
+    def ttft_ok(self) -> bool:
+        return self.error is None and self.ttft_s <= self.slo_ttft_s
+
+    @property
+    def good(self) -> bool:
+        tpot_ok = self.kind == "long" or all(g <= self.slo_tpot_s for g in self.gaps_s)
+        return self.ttft_ok and tpot_ok
+
+
+def trace(seed: int, rate: float, duration: float, longs: list[int]) -> list[Sample]:
+    rng = random.Random(seed)
+    samples = [
+        Sample("long", n, 1, at=2.0 + i * duration / len(longs)) for i, n in enumerate(longs)
+    ]
+    t = rng.expovariate(rate)
+    while t < duration:
+        samples.append(Sample("short", rng.randint(256, 1024), rng.randint(16, 64), at=t))
+        t += rng.expovariate(rate)
+    return sorted(samples, key=lambda s: s.at)
+
+
+def token_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(10, VOCAB) for _ in range(n)]
+
+
+class Server:
+    def __init__(self, model: str, extra: list[str]) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="slo-", suffix=".log")
+        cmd = [
+            str(Path(sys.executable).parent / "vllm-omni"),
+            "serve",
+            model,
+            "-pp",
+            "2",
+            "--max-model-len",
+            "40000",
+            "--no-enable-prefix-caching",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            "m",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(Path(self.log.name).read_text()[-3000:])
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise TimeoutError("server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+    def complete(self, sample: Sample, prompt: list[int], priority: int, xargs: dict) -> None:
+        body = {
+            "model": "m",
+            "prompt": prompt,
+            "max_tokens": sample.max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "priority": priority,
+        }
+        if xargs:
+            body["vllm_xargs"] = xargs
+        start = time.monotonic()
+        last = None
+        try:
+            with requests.post(
+                f"{self.url}/v1/completions", json=body, stream=True, timeout=600
+            ) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    now = time.monotonic()
+                    if last is None:
+                        sample.ttft_s = now - start
+                    else:
+                        sample.gaps_s.append(now - last)
+                    last = now
+        except Exception as e:  # recorded, the run goes on
+            sample.error = f"{type(e).__name__}: {e}"
+
+
+def unloaded(server: Server, rng, longs: list[int]) -> tuple[dict[int, float], float, dict]:
+    ttft, gaps = {}, []
+    for n in SHORT_SIZES:
+        runs = []
+        for _ in range(3):
+            s = Sample("short", n, 32, 0)
+            server.complete(s, token_ids(rng, n), 0, {})
+            runs.append(s.ttft_s)
+            gaps += s.gaps_s
+        ttft[n] = statistics.median(runs)
+    solo = {}
+    for n in sorted(set(longs)):
+        s = Sample("long", n, 1, 0)
+        server.complete(s, token_ids(rng, n), 0, {})
+        solo[n] = s.ttft_s
+    return ttft, statistics.median(gaps), solo
+
+
+def interpolate(table: dict[int, float], n: int) -> float:
+    keys = sorted(table)
+    for a, b in zip(keys, keys[1:]):
+        if a <= n <= b:
+            return table[a] + (table[b] - table[a]) * (n - a) / (b - a)
+    return table[keys[0]] if n < keys[0] else table[keys[-1]]
+
+
+def replay(server: Server, samples: list[Sample], seed: int, use_priority: bool) -> float:
+    rng = random.Random(seed)
+    prompts = [token_ids(rng, s.prompt_len) for s in samples]
+    threads = []
+    start = time.monotonic()
+    for sample, prompt in zip(samples, prompts):
+        time.sleep(max(0.0, start + sample.at - time.monotonic()))
+        # vLLM refuses a non-zero priority unless the server schedules by priority.
+        priority = int(sample.kind == "long") if use_priority else 0
+        xargs = {"ttft_slo_ms": sample.slo_ttft_s * 1000}
+        if sample.kind == "short":
+            xargs["tpot_slo_ms"] = sample.slo_tpot_s * 1000
+        t = threading.Thread(target=server.complete, args=(sample, prompt, priority, xargs))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return time.monotonic() - start
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
+
+
+def summarize(samples: list[Sample], wall: float, solo: dict[int, float]) -> dict:
+    short = [s for s in samples if s.kind == "short"]
+    long = [s for s in samples if s.kind == "long"]
+    gaps = [g for s in short for g in s.gaps_s]
+    gaps_ok = [g <= s.slo_tpot_s for s in short for g in s.gaps_s]
+    return {
+        "short_ttft_attainment": sum(s.ttft_ok for s in short) / max(1, len(short)),
+        "tpot_attainment": sum(gaps_ok) / max(1, len(gaps_ok)),
+        "long_ttft_over_solo": [s.ttft_s / solo[s.prompt_len] for s in long],
+        "goodput_rps": sum(s.good for s in samples) / wall,
+        "short_ttft_p50_s": pct([s.ttft_s for s in short], 50),
+        "short_ttft_p99_s": pct([s.ttft_s for s in short], 99),
+        "long_ttft_s": [s.ttft_s for s in long],
+        "tpot_p99_s": pct(gaps, 99),
+        "throughput_rps": len(samples) / wall,
+        "errors": sum(s.error is not None for s in samples),
+        "num_short": len(short),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--loads", default=",".join(LOADS))
+    parser.add_argument("--duration", type=float, default=40.0, help="trace length, seconds")
+    parser.add_argument("--longs", default="16384,24576", help="long prompt lengths")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    longs = [int(x) for x in args.longs.split(",")]
+    model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
+    results: dict[str, dict] = {}
+    for name in args.configs.split(","):
+        server = Server(model, CONFIGS[name])
+        try:
+            ttft, tpot, solo = unloaded(server, random.Random(args.seed + 99), longs)
+            print(
+                f"[{name}] unloaded TTFT {ttft}, TPOT {tpot * 1e3:.1f} ms, solo long {solo}",
+                flush=True,
+            )
+            for load in args.loads.split(","):
+                samples = trace(args.seed, LOADS[load], args.duration, longs)
+                for s in samples:
+                    if s.kind == "short":
+                        s.slo_ttft_s = 3 * interpolate(ttft, s.prompt_len)
+                        s.slo_tpot_s = 3 * tpot
+                    else:
+                        s.slo_ttft_s = 1.3 * solo[s.prompt_len]
+                use_priority = "priority" in CONFIGS[name]
+                wall = replay(server, samples, args.seed + 1, use_priority)
+                results.setdefault(name, {})[load] = summary = summarize(samples, wall, solo)
+                print(
+                    f"[{name}/{load}] short TTFT within SLO "
+                    f"{summary['short_ttft_attainment']:.0%}, TPOT {summary['tpot_attainment']:.0%}"
+                    f", long/solo {[round(x, 2) for x in summary['long_ttft_over_solo']]}, goodput "
+                    f"{summary['goodput_rps']:.2f}/s, short TTFT P50/P99 "
+                    f"{summary['short_ttft_p50_s']:.2f}/{summary['short_ttft_p99_s']:.2f} s, "
+                    f"errors {summary['errors']}",
+                    flush=True,
+                )
+        finally:
+            server.stop()
+    print("\nconfig          load  short-TTFT-ok  TPOT-ok  long/solo        goodput  vs best plain")
+    for load in args.loads.split(","):
+        plain = [
+            results[c][load]["goodput_rps"] for c in ("vLLM fcfs", "vLLM priority") if c in results
+        ]
+        best = max(plain) if plain else float("nan")
+        for name in results:
+            s = results[name][load]
+            ratio = s["goodput_rps"] / best if best else float("nan")
+            long_ratio = str([round(x, 2) for x in s["long_ttft_over_solo"]])
+            print(
+                f"{name:15s} {load:5s} {s['short_ttft_attainment']:12.0%} "
+                f"{s['tpot_attainment']:8.0%}  {long_ratio:15s}"
+                f" {s['goodput_rps']:7.2f}  {ratio:6.2f}x"
+            )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
