@@ -52,7 +52,17 @@ def test_order_least_relative_slack_first() -> None:
 def test_allocate_and_cap() -> None:
     ordered = [_demand("a", 0, 1, 0.05), _demand("b", 0, 1, 0.3), _demand("c", 0, 1, 0.1)]
     assert slo.allocate(ordered, 0.2) == {"a": 0.05, "b": pytest.approx(0.15)}
-    assert slo.allocate(ordered, 0.0) == {"a": 0.05}  # the most urgent always progresses
+    # The most urgent always gets at least its smallest chunk; the rest only what is left.
+    tight = [slo.PrefillDemand("a", 0, 0, 1, 0.3, 3.0, min_cost=0.04), *ordered[1:]]
+    assert slo.allocate(tight, 0.01) == {"a": 0.04}
+    assert slo.allocate(tight, 0.1) == {"a": 0.1}
+    # A request whose smallest chunk does not fit is skipped; a smaller one behind it fits.
+    skip = [
+        ordered[0],
+        slo.PrefillDemand("big", 0, 0, 1, 0.3, 3.0, min_cost=0.2),
+        _demand("small", 0, 1, 0.05),
+    ]
+    assert slo.allocate(skip, 0.15) == {"a": 0.05, "small": 0.05}
     assert slo.step_budget_cap([None, 0.3, 0.9], steps_in_flight=2) == pytest.approx(0.1)
     assert slo.step_budget_cap([None], 2) == math.inf
 

@@ -132,6 +132,7 @@ class CPPScheduler(Scheduler):
                 self.cpp_config.min_chunk,
             )
             step_cost = self.cost_model.chunk_cost(chunk, computed)
+        smallest = min(remaining, max(self.chunk_align, self.cpp_config.min_chunk))
         return slo.PrefillDemand(
             request_id=request.request_id,
             arrival=request.arrival_time,
@@ -139,6 +140,7 @@ class CPPScheduler(Scheduler):
             ttft_s=self.request_slo(request).ttft_s,
             step_cost=step_cost,
             remaining_cost=remaining_cost,
+            min_cost=self.cost_model.chunk_cost(smallest, computed),
         )
 
     def _plan_slo_step(self, step_s: float) -> dict[str, float]:

@@ -64,6 +64,7 @@ class PrefillDemand:
     ttft_s: float | None
     step_cost: float
     remaining_cost: float
+    min_cost: float = 0.0  # its smallest chunk (one KV block, or the rest)
 
 
 def relative_slack(demand: PrefillDemand, now: float, step_s: float, pp_size: int) -> float:
@@ -103,13 +104,17 @@ def step_budget_cap(ttft_slos: Iterable[float | None], steps_in_flight: int) -> 
 
 def allocate(ordered: list[PrefillDemand], budget: float) -> dict[str, float]:
     """Walk the prefills in urgency order, each taking what it needs of the step (its step
-    cost) while budget lasts. The first always gets its share, so something progresses."""
+    cost) while budget lasts; one whose smallest chunk no longer fits is skipped, so a smaller
+    one behind it may still fit. The first always gets at least its smallest chunk, so
+    something progresses even when the budget is tight."""
     allowances: dict[str, float] = {}
     left = budget
     for i, demand in enumerate(ordered):
-        give = demand.step_cost if i == 0 else min(demand.step_cost, left)
-        if give <= 0:
-            break
+        give = min(demand.step_cost, left)
+        if i == 0:
+            give = max(give, demand.min_cost)
+        elif give <= 0 or give < demand.min_cost:
+            continue
         allowances[demand.request_id] = give
         left -= give
     return allowances
