@@ -126,3 +126,13 @@ def test_long_prefill_yields_to_an_urgent_short_request() -> None:
     # The step is capped for the 300 ms SLO: a request arriving now waits for 3 steps in flight.
     step = COST.chunk_cost(shared, long.num_computed_tokens) + COST.chunk_cost(1024, 0)
     assert step <= 0.3 / 4 + 1e-9
+
+
+def test_step_cap_keeps_a_useful_chunk() -> None:
+    """A very tight SLO does not shrink the long prefill's steps below 4 KV blocks."""
+    s = _slo_scheduler()
+    long = _request("long", 32768, computed=16384, ttft_ms=60_000, arrival=time.time() - 5)
+    s.running = [long]
+    s._recent_ttft.append((time.monotonic(), 0.06))  # a 60 ms TTFT SLO seen recently
+    s._allowances = s._plan_slo_step(0.05)
+    assert s._slo_chunk(long, long.num_computed_tokens, 8192) >= 4 * s.chunk_align
