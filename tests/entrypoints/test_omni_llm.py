@@ -73,7 +73,9 @@ def test_deterministic_per_seed(omni) -> None:
         DiffusionSamplingParams(height=64, width=64, num_inference_steps=2, seed=first.seed),
         use_tqdm=False,
     )[0]
-    assert max_pixel_diff(first.images[0], again.images[0]) == 0  # ... and each one reproduces
+    # ... and each one reproduces; batched with another request the first one saw different
+    # kernel shapes, which may round a pixel differently (hence the same 2/255 as vs diffusers).
+    assert max_pixel_diff(first.images[0], again.images[0]) <= 2
 
 
 def test_latent_output(omni) -> None:
