@@ -21,7 +21,8 @@ from vllm_omni.diffusion.model_runner import (
     NEGATIVE_PROMPT_EMBEDS,
     PROMPT_EMBEDS,
     DiffusionModelRunner,
-    _pad_text,
+    as_batch,
+    pad_text,
 )
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
@@ -98,10 +99,10 @@ class DiffusersPipelineExecutor:
         names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if p.do_cfg else [])
         for name in names:
             rows = [
-                _as_batch(r.inputs[name]).to(self.device, self.pipe.transformer.dtype)
+                as_batch(r.inputs[name]).to(self.device, self.pipe.transformer.dtype)
                 for r in requests
             ]
-            text, mask = _pad_text(rows)
+            text, mask = pad_text(rows)
             if mask is None:
                 mask = torch.ones(text.shape[:2], dtype=torch.long, device=text.device)
             kwargs[name], kwargs[f"{name}_mask"] = text, mask.long()
@@ -118,10 +119,6 @@ class DiffusersPipelineExecutor:
         if p.output_type == "latent" or not self.config.decode:
             return {r.request_id: result[i].detach().cpu() for i, r in enumerate(requests)}
         return {r.request_id: np.asarray(img) for r, img in zip(requests, result)}
-
-
-def _as_batch(t: torch.Tensor) -> torch.Tensor:
-    return t[None] if t.dim() == 2 else t
 
 
 class VAEDecoderExecutor:

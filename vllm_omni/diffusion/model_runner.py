@@ -75,9 +75,7 @@ class DiffusionModelRunner:
         tensors = {"latents": latents}
         for name in (PROMPT_EMBEDS, NEGATIVE_PROMPT_EMBEDS):
             if name in request.inputs and (name == PROMPT_EMBEDS or p.do_cfg):
-                embeds = request.inputs[name]
-                embeds = embeds[None] if embeds.dim() == 2 else embeds  # [1, tokens, hidden]
-                tensors[name] = embeds.to(self.device, self.dtype)
+                tensors[name] = as_batch(request.inputs[name]).to(self.device, self.dtype)
         if PROMPT_EMBEDS not in tensors:
             raise ValueError(f"inputs: the DiT stage needs {PROMPT_EMBEDS!r}")
         if p.do_cfg and NEGATIVE_PROMPT_EMBEDS not in tensors:
@@ -98,7 +96,7 @@ class DiffusionModelRunner:
                 rows_text.append(entry.tensors[name])
         latents = torch.cat(rows_latents)
         timestep = torch.stack(rows_t).to(latents.dtype) / 1000
-        text, mask = _pad_text(rows_text)
+        text, mask = pad_text(rows_text)
         p0 = requests[0].params
         grid = self.latent_grid(p0.height, p0.width)
         noise = self.pipe.transformer(
@@ -165,7 +163,12 @@ class DiffusionModelRunner:
         return finished, seconds
 
 
-def _pad_text(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def as_batch(embeds: torch.Tensor) -> torch.Tensor:
+    """One prompt's embeddings as a batch of one: [tokens, hidden] -> [1, tokens, hidden]."""
+    return embeds[None] if embeds.dim() == 2 else embeds
+
+
+def pad_text(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Stack [1, n_i, d] prompt embeddings, zero-padded to the longest; the mask marks real
     tokens (None when nothing is padded, exactly as diffusers passes a single prompt)."""
     lengths = [r.shape[1] for r in rows]
