@@ -15,6 +15,7 @@ from vllm_omni.cpp import slo
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel
 from vllm_omni.cpp.scheduler import CPPScheduler
+from vllm_omni.cpp.slo_ledger import SLOLedger
 
 # The calibrated model of the tiny Llama at PP=2 on this machine (seconds).
 COST = CostModel(2.26e-5, 1.02e-8, 1.9e-3, unit="s", context=5.9e-7)
@@ -100,6 +101,7 @@ def _slo_scheduler() -> CPPScheduler:
     s._prefill_budgets, s._slos, s._recent_ttft = {}, {}, deque()
     s._step_budget_left, s.last_step_cost = None, COST.step_overhead
     s.slo_defaults = slo.SLOTargets()
+    s.slo_ledger = SLOLedger(None)
     s.steps_in_flight = 3
     s.policy = SchedulingPolicy.FCFS
     s.running, s.waiting = [], FCFSRequestQueue()

@@ -18,6 +18,7 @@ OPTION_FLAGS = {
     "--cpp-slo": "slo",
     "--cpp-ttft-slo-ms": "ttft_slo_ms",
     "--cpp-tpot-slo-ms": "tpot_slo_ms",
+    "--cpp-slo-admission": "admission",
 }
 
 
@@ -74,6 +75,13 @@ def add_cpp_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MS",
         help="Default TPOT SLO for requests that set none (with --cpp-slo).",
+    )
+    group.add_argument(
+        "--cpp-slo-admission",
+        action="store_true",
+        default=None,
+        help="Refuse with HTTP 429 a request whose TTFT SLO cannot be met with the prefill "
+        "work already queued (with --cpp-slo and a calibrated cost model).",
     )
 
 

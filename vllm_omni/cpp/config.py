@@ -40,6 +40,12 @@ class CPPConfig:
     """Default TPOT SLO of requests that set none (`vllm_xargs.tpot_slo_ms`)."""
     max_wait_s: float = 60.0
     """Starvation guard: a request waiting this long goes first, whatever its slack."""
+    admission: bool = False
+    """Refuse (HTTP 429) a request whose TTFT SLO cannot be met with the prefill work already
+    queued ahead of it (needs a calibrated cost model; see vllm_omni.cpp.slo_frontend)."""
+    ledger_path: str | None = None
+    """File where the scheduler publishes its SLO ledger for the API server's /metrics and
+    admission control; `cpp_engine_args` picks a temporary one when SLO scheduling is on."""
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
@@ -70,6 +76,12 @@ class CPPConfig:
                 raise ValueError(f"cpp.{name} must be a positive number of ms, got {value!r}")
             if value is not None and not self.slo:
                 raise ValueError(f"cpp.{name} needs cpp.slo (--cpp-slo)")
+        if not isinstance(self.admission, bool):
+            raise ValueError(f"cpp.admission must be true or false, got {self.admission!r}")
+        if self.admission and not self.slo:
+            raise ValueError("cpp.admission needs cpp.slo (--cpp-slo)")
+        if self.ledger_path is not None and not isinstance(self.ledger_path, str):
+            raise ValueError(f"cpp.ledger_path must be a path string, got {self.ledger_path!r}")
         if (
             isinstance(self.max_wait_s, bool)
             or not isinstance(self.max_wait_s, (int, float))

@@ -12,6 +12,10 @@ is the same as plain vLLM with
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import tempfile
+import uuid
 from typing import Any
 
 from vllm_omni.cpp.config import CONFIG_KEY, CPPConfig
@@ -48,9 +52,11 @@ def cpp_engine_args(
             raise ValueError(
                 f"{key} is set by CPP; it cannot be combined with {key}={engine_args[key]!r}"
             )
+    if config.slo:
+        config = _install_slo_frontend(config)
     additional = dict(engine_args.pop("additional_config", None) or {})
     additional[CONFIG_KEY] = config.to_dict()
-    if config.slo:  # bad per-request SLOs get HTTP 400 at the API server
+    if config.slo:  # bad per-request SLOs get HTTP 400 (or 429) at the API server
         from vllm_omni.cpp.slo_validation import QUALNAME
 
         processors = list(engine_args.pop("logits_processors", None) or [])
@@ -63,3 +69,20 @@ def cpp_engine_args(
         "worker_cls": worker_cls_for_platform(),
         "additional_config": additional,
     }
+
+
+def _install_slo_frontend(config: CPPConfig) -> CPPConfig:
+    """SLO metrics and admission control in this (the API server's) process, reading the ledger
+    the scheduler publishes to `config.ledger_path` (a fresh temporary file unless given)."""
+    from vllm_omni.cpp.slo import SLOTargets
+    from vllm_omni.cpp.slo_frontend import install
+
+    if config.ledger_path is None:
+        name = f"vllm_omni-slo-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        config = dataclasses.replace(config, ledger_path=os.path.join(tempfile.gettempdir(), name))
+    defaults = SLOTargets(
+        ttft_s=config.ttft_slo_ms / 1000 if config.ttft_slo_ms else None,
+        tpot_s=config.tpot_slo_ms / 1000 if config.tpot_slo_ms else None,
+    )
+    install(config.ledger_path, defaults, config.admission)
+    return config

@@ -28,13 +28,16 @@ from collections import deque
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
 
 from vllm_omni.cpp import slo
 from vllm_omni.cpp.chunking import budget_for_steps, next_chunk_size, optimal_num_steps
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel
 from vllm_omni.cpp.cost_model_source import resolve_cost_model
+from vllm_omni.cpp.slo_ledger import SLOLedger
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -80,6 +83,12 @@ class CPPScheduler(Scheduler):
         self._allowances: dict[str, float] | None = None
         self._most_urgent: str | None = None
         self.steps_in_flight = self.pp_size + cfg.lookahead_steps
+        self.slo_ledger = SLOLedger(cfg.ledger_path) if cfg.slo else None
+        if cfg.admission and self.cost_model.unit != "s":
+            logger.warning(
+                "CPP: admission control needs a calibrated cost model (seconds); with the "
+                "analytic one no request is refused (run `python -m vllm_omni.cpp.calibrate`)"
+            )
         logger.info(
             "CPP scheduler: pp=%d, cost model %s, num_steps=%s, min_chunk=%d",
             self.pp_size,
@@ -98,6 +107,8 @@ class CPPScheduler(Scheduler):
             }
         if len(self._slos) > len(self.requests) + 64:
             self._slos = {rid: t for rid, t in self._slos.items() if rid in self.requests}
+            if self.slo_ledger is not None:
+                self.slo_ledger.keep_only(self.requests)
         self._allowances = self._plan_slo_step(previous_step_cost) if self.cpp_config.slo else None
         return super().schedule(throttle_prefills)
 
@@ -112,6 +123,8 @@ class CPPScheduler(Scheduler):
                 logger.warning("request %s: %s; using the defaults", request.request_id, e)
                 targets = self.slo_defaults
             self._slos[request.request_id] = targets
+            if self.slo_ledger is not None:
+                self.slo_ledger.track(request.request_id, request.arrival_time, targets)
             if targets.ttft_s is not None:
                 self._recent_ttft.append((time.monotonic(), targets.ttft_s))
         return targets
@@ -161,6 +174,7 @@ class CPPScheduler(Scheduler):
         prefills += list(self.waiting)
         self._most_urgent = None
         if not prefills:
+            self._publish_slo_ledger([])
             return {}
         for request in prefills:
             self.request_slo(request)  # records the TTFT SLOs in play before the cap
@@ -182,6 +196,7 @@ class CPPScheduler(Scheduler):
                 cap = max(cap, self.cost_model.chunk_cost(useful, max(contexts)))
         whole_below = cap if math.isfinite(cap) else 0.0  # no SLO in play: plain CPP chunks
         demands = [self._demand(r, whole_below) for r in prefills]
+        self._publish_slo_ledger(demands)
         ordered = slo.order(demands, time.time(), step_s, self.pp_size, self.cpp_config.max_wait_s)
         budget = min(max(d.step_cost for d in demands), cap)
         allowances = slo.allocate(ordered, max(budget, 0.0))
@@ -194,6 +209,49 @@ class CPPScheduler(Scheduler):
             self.waiting.clear()
             self.waiting.extend(waiting)
         return allowances
+
+    def _publish_slo_ledger(self, demands: list[slo.PrefillDemand]) -> None:
+        if self.slo_ledger is None:
+            return
+        if self.cost_model.unit == "s":  # admission compares the backlog with SLOs in seconds
+            self.slo_ledger.set_backlog(
+                (d.request_id, d.arrival + d.ttft_s if d.ttft_s else None, d.remaining_cost)
+                for d in demands
+            )
+        self.slo_ledger.publish()
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self.slo_ledger is not None:
+            now, finished = time.time(), []
+            for client_outputs in outputs.values():
+                for output in client_outputs.outputs:
+                    self.slo_ledger.on_tokens(output.request_id, len(output.new_token_ids), now)
+                    if output.finish_reason is not None:
+                        finished.append(output.request_id)
+            self.slo_ledger.forget(finished)
+            self.slo_ledger.drop_from_backlog(
+                rid
+                for rid in self.slo_ledger.backlog_ids
+                if (r := self.requests.get(rid)) is None
+                or r.num_computed_tokens >= r.num_prompt_tokens
+            )
+            self.slo_ledger.publish()
+        return outputs
+
+    def finish_requests(self, request_ids, finished_status: RequestStatus) -> list[Request]:
+        finished = super().finish_requests(request_ids, finished_status)
+        if self.slo_ledger is not None and finished:  # aborts: not in the backlog any more
+            self.slo_ledger.forget(r.request_id for r in finished)
+            self.slo_ledger.publish()
+        return finished
+
+    def shutdown(self) -> None:
+        if self.slo_ledger is not None:
+            self.slo_ledger.remove_file()
+        super().shutdown()
 
     def prefill_budget(self, request: Request, num_computed_tokens: int) -> float:
         """Per-step compute budget for this request's prefill, fixed when it is first scheduled."""
