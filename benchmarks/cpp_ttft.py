@@ -7,11 +7,12 @@ All configurations run in one invocation on the tiny 8-layer Llama (random token
 caching off, max_tokens=1): PP=1 on one core; PP=2 on one core per stage. The machines here are
 noisy (run-to-run drift of 10-25%), so the comparison is paired: the CPP engine stays up while each
 baseline engine runs, and every baseline prefill is followed by a CPP prefill of the same prompt;
-each ratio compares a baseline with the CPP runs interleaved with it. Each engine uses vllm_omni's
-CPP worker, which only records a per-rank busy timeline, so every configuration reports: median
-TTFT of --runs runs (after one warm-up), the per-step compute-load balance (max/mean under the CPP
-cost model) and the pipeline bubble measured from the per-stage busy timelines, next to
-(p-1)/(m+p-1) for its m chunks.
+each ratio compares a baseline with the CPP runs interleaved with it. Each timed prefill waits
+`QUIET_S` first, until the other engine's processes have stopped busy-polling. Each engine uses
+vllm_omni's CPP worker, which only records a per-rank busy timeline, so every configuration
+reports: median TTFT of --runs runs (after one warm-up), the per-step compute-load balance
+(max/mean under the CPP cost model) and the pipeline bubble measured from the per-stage busy
+timelines, next to (p-1)/(m+p-1) for its m chunks.
 
 CPP runs with its defaults. It uses the cost model calibrated on this machine; if there is none
 yet, the benchmark calibrates first (`vllm_omni.cpp.calibrate`, cached for later runs).
@@ -33,6 +34,10 @@ from typing import Any
 DEFAULT_LENGTHS = (8192, 16384, 32768)
 DEFAULT_CHUNKS = (256, 512, 1024, 2048, 4096)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+QUIET_S = 1.5
+"""Pause before each timed prefill. vLLM's shared-memory queue readers busy-loop for 1 s after
+each message, so the engine that ran last would otherwise spin its workers on the same cores
+for the first second of the other engine's run."""
 
 
 @dataclass
@@ -112,6 +117,7 @@ class Engine:
     def prefill(self, prompt_ids: list[int]) -> tuple[float, list[list[dict]]]:
         from vllm import SamplingParams
 
+        time.sleep(QUIET_S)
         self.llm.collective_rpc("cpp_take_step_records")
         start = time.perf_counter()
         self.llm.generate(

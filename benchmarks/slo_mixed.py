@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -203,6 +204,17 @@ def replay(server: Server, samples: list[Sample], seed: int, use_priority: bool)
     return time.monotonic() - start
 
 
+def engine_slo_counts(server: Server) -> dict[str, float]:
+    """SLO outcomes the server's scheduler counted (vllm_omni:slo_* on /metrics; CPP+SLO only)."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    counts = {}
+    for kind in ("ttft", "tpot"):
+        for outcome in ("met", "missed"):
+            m = re.search(rf'^vllm_omni:slo_{kind}_total{{outcome="{outcome}"}} (\S+)$', text, re.M)
+            counts[f"{kind}_{outcome}"] = float(m.group(1)) if m else float("nan")
+    return counts
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -266,8 +278,15 @@ def main() -> None:
                     else:
                         s.slo_ttft_s = 1.3 * solo[s.prompt_len]
                 use_priority = "priority" in CONFIGS[name]
+                before = engine_slo_counts(server)
                 wall = replay(server, samples, args.seed + 1, use_priority)
                 results.setdefault(name, {})[load] = summary = summarize(samples, wall, solo)
+                after = engine_slo_counts(server)
+                summary["engine_counted"] = {k: after[k] - before[k] for k in after}
+                summary["client_ttft_met"] = sum(s.ttft_ok for s in samples)
+                summary["client_tpot_met"] = sum(
+                    g <= s.slo_tpot_s for s in samples for g in s.gaps_s
+                )
                 print(
                     f"[{name}/{load}] short TTFT within SLO "
                     f"{summary['short_ttft_attainment']:.0%} (arriving during a long prefill: "
@@ -279,6 +298,16 @@ def main() -> None:
                     f"errors {summary['errors']}",
                     flush=True,
                 )
+                if "--cpp-slo" in CONFIGS[name]:  # the scheduler's own count, for comparison
+                    e = summary["engine_counted"]
+                    print(
+                        f"[{name}/{load}] engine-side counts (/metrics): TTFT met "
+                        f"{e['ttft_met']:.0f} missed {e['ttft_missed']:.0f} (client: met "
+                        f"{summary['client_ttft_met']} of {len(samples)}), TPOT steps met "
+                        f"{e['tpot_met']:.0f} missed {e['tpot_missed']:.0f} (client: met "
+                        f"{summary['client_tpot_met']})",
+                        flush=True,
+                    )
         finally:
             server.stop()
     print(

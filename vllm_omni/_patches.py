@@ -16,9 +16,10 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
 
 2. cpu_startup_defaults - `CpuPlatform.check_and_update_config`
    WHY: on a single-NUMA machine PP>1 dies with "Not enough allowed NUMA nodes" under the default
-        thread binding, and the default memory utilisation over-commits the node with 2+ workers.
-   SCOPE: CPU platform; fills `VLLM_CPU_OMP_THREADS_BIND` and `kv_cache_memory_bytes` only when the
-        user set neither (see `vllm_omni.platform.cpu_defaults`).
+        thread binding, and the default memory utilisation over-commits the node with 2+ workers;
+        glibc's malloc returns each step's activations to the system (CPP steps 7-10% slower).
+   SCOPE: CPU platform; fills `VLLM_CPU_OMP_THREADS_BIND`, `kv_cache_memory_bytes` and glibc's
+        `MALLOC_*` variables only where the user set nothing (see `vllm_omni.platform.cpu_defaults`).
    REMOVE: when vLLM picks working defaults for several local CPU workers itself.
 
 3. cpp_batch_queue_depth - `VllmConfig.max_concurrent_batches`

@@ -50,7 +50,11 @@ def _config(world_size, kv_bytes=None, utilization=0.92):
 def small_machine(monkeypatch):
     from vllm.utils import cpu_resource_utils
 
-    for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_SIM_MULTI_NUMA"):
+    for var in (
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_SIM_MULTI_NUMA",
+        *cpu_defaults.MALLOC_DEFAULTS,
+    ):
         monkeypatch.setenv(var, "")  # so that monkeypatch restores the real state afterwards
         monkeypatch.delenv(var)
     monkeypatch.setattr(cpu_defaults.os, "sched_getaffinity", lambda pid: {0, 1})
@@ -68,6 +72,13 @@ def test_apply_fills_binding_and_kv_cache_on_a_small_machine(small_machine, monk
     cpu_defaults.apply_cpu_defaults(config)
     assert cpu_defaults.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert config.cache_config.kv_cache_memory_bytes == 3 * GiB
+    assert cpu_defaults.os.environ["MALLOC_TRIM_THRESHOLD_"] == str(1 << 30)
+
+
+def test_malloc_defaults_leave_user_and_preloaded_allocators_alone():
+    assert cpu_defaults.malloc_env_defaults({}) == cpu_defaults.MALLOC_DEFAULTS
+    assert cpu_defaults.malloc_env_defaults({"MALLOC_TOP_PAD_": "0"}) == {}
+    assert cpu_defaults.malloc_env_defaults({"LD_PRELOAD": "/usr/lib/libtcmalloc.so.4"}) == {}
 
 
 def test_apply_keeps_explicit_user_settings(small_machine, monkeypatch):
