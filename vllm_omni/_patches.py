@@ -19,7 +19,7 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
         thread binding, and the default memory utilisation over-commits the node with 2+ workers;
         glibc's malloc returns each step's activations to the system (CPP steps 7-10% slower).
    SCOPE: CPU platform; fills `VLLM_CPU_OMP_THREADS_BIND`, `kv_cache_memory_bytes` and glibc's
-        `MALLOC_*` variables only where the user set nothing (see `vllm_omni.platform.cpu_defaults`).
+        `MALLOC_*` variables only where the user set nothing (`vllm_omni.platform.cpu_defaults`).
    REMOVE: when vLLM picks working defaults for several local CPU workers itself.
 
 3. cpp_batch_queue_depth - `VllmConfig.max_concurrent_batches`
