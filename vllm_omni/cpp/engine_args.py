@@ -80,9 +80,6 @@ def _install_slo_frontend(config: CPPConfig) -> CPPConfig:
     if config.ledger_path is None:
         name = f"vllm_omni-slo-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
         config = dataclasses.replace(config, ledger_path=os.path.join(tempfile.gettempdir(), name))
-    defaults = SLOTargets(
-        ttft_s=config.ttft_slo_ms / 1000 if config.ttft_slo_ms else None,
-        tpot_s=config.tpot_slo_ms / 1000 if config.tpot_slo_ms else None,
-    )
+    defaults = SLOTargets.from_ms(config.ttft_slo_ms, config.tpot_slo_ms)
     install(config.ledger_path, defaults, config.admission)
     return config

@@ -74,10 +74,7 @@ class CPPScheduler(Scheduler):
         # SLO-aware scheduling (cpp.slo): per-request targets, this step's allowances, and the
         # TTFT SLOs seen lately (they cap the step length while such traffic is around).
         cfg = self.cpp_config
-        self.slo_defaults = slo.SLOTargets(
-            ttft_s=cfg.ttft_slo_ms / 1000 if cfg.ttft_slo_ms else None,
-            tpot_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms else None,
-        )
+        self.slo_defaults = slo.SLOTargets.from_ms(cfg.ttft_slo_ms, cfg.tpot_slo_ms)
         self._slos: dict[str, slo.SLOTargets] = {}
         self._recent_ttft: deque[tuple[float, float]] = deque()
         self._allowances: dict[str, float] | None = None

@@ -33,6 +33,14 @@ class SLOTargets:
     ttft_s: float | None = None
     tpot_s: float | None = None
 
+    @classmethod
+    def from_ms(cls, ttft_ms: float | None, tpot_ms: float | None) -> SLOTargets:
+        """Server-wide defaults as configured (`cpp.ttft_slo_ms`, `cpp.tpot_slo_ms`)."""
+        return cls(
+            ttft_s=ttft_ms / 1000 if ttft_ms else None,
+            tpot_s=tpot_ms / 1000 if tpot_ms else None,
+        )
+
 
 def request_slo(extra_args: Mapping[str, Any] | None, defaults: SLOTargets) -> SLOTargets:
     """A request's SLOs: its own (`vllm_xargs`), else the server's defaults. Raises ValueError
