@@ -283,6 +283,8 @@ def main() -> None:
                 results.setdefault(name, {})[load] = summary = summarize(samples, wall, solo)
                 after = engine_slo_counts(server)
                 summary["engine_counted"] = {k: after[k] - before[k] for k in after}
+                summary["unloaded_ttft_s"] = {str(n): t for n, t in ttft.items()}
+                summary["solo_long_ttft_s"] = {str(n): t for n, t in solo.items()}
                 summary["client_ttft_met"] = sum(s.ttft_ok for s in samples)
                 summary["client_tpot_met"] = sum(
                     g <= s.slo_tpot_s for s in samples for g in s.gaps_s
