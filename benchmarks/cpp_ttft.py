@@ -2,17 +2,22 @@
 """TTFT of long prompts: plain vLLM PP=1, plain vLLM PP=2 at fixed chunk sizes, and CPP PP=2.
 
     .venv/bin/python benchmarks/cpp_ttft.py --json out/cpp_ttft.json --png out/cpp_gantt.png
+    .venv/bin/python benchmarks/cpp_ttft.py --both-orders --only "chunk 1024" "micro" \
+        --micro-chunks 2 --lengths 16384 --json out/cpp_both_orders.json
 
 All configurations run in one invocation on the tiny 8-layer Llama (random token ids, prefix
 caching off, max_tokens=1): PP=1 on one core; PP=2 on one core per stage. The machines here are
 noisy (run-to-run drift of 10-25%), so the comparison is paired: the CPP engine stays up while each
 baseline engine runs, and every baseline prefill is followed by a CPP prefill of the same prompt;
-each ratio compares a baseline with the CPP runs interleaved with it. Each timed prefill waits
-`QUIET_S` first, until the other engine's processes have stopped busy-polling. Each engine uses
-vllm_omni's CPP worker, which only records a per-rank busy timeline, so every configuration
-reports: median TTFT of --runs runs (after one warm-up), the per-step compute-load balance
-(max/mean under the CPP cost model) and the pipeline bubble measured from the per-stage busy
-timelines, next to (p-1)/(m+p-1) for its m chunks.
+each ratio compares a baseline with the CPP runs interleaved with it. Every engine runs in a
+process of its own. The engine started first is slower on this VM (see `Engine`), which the full
+table does not correct for: CPP starts first. `--both-orders` instead starts each baseline with a
+fresh CPP engine in both orders and reports the geometric mean of the two ratios. Each timed
+prefill waits `QUIET_S` first, until the other engine's processes have stopped busy-polling. Each
+engine uses vllm_omni's CPP worker, which only records a per-rank busy timeline, so every
+configuration reports: median TTFT of --runs runs (after one warm-up), the per-step compute-load
+balance (max/mean under the CPP cost model) and the pipeline bubble measured from the per-stage
+busy timelines, next to (p-1)/(m+p-1) for its m chunks.
 
 CPP runs with its defaults. It uses the cost model calibrated on this machine; if there is none
 yet, the benchmark calibrates first (`vllm_omni.cpp.calibrate`, cached for later runs).
@@ -21,8 +26,8 @@ yet, the benchmark calibrates first (`vllm_omni.cpp.calibrate`, cached for later
 from __future__ import annotations
 
 import argparse
-import gc
 import json
+import multiprocessing
 import os
 import random
 import statistics
@@ -34,6 +39,8 @@ from typing import Any
 DEFAULT_LENGTHS = (8192, 16384, 32768)
 DEFAULT_CHUNKS = (256, 512, 1024, 2048, 4096)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+CPP_NAME = "CPP PP=2"
+PLAIN_PP2 = "plain PP=2"
 QUIET_S = 1.5
 """Pause before each timed prefill. vLLM's shared-memory queue readers busy-loop for 1 s after
 each message, so the engine that ran last would otherwise spin its workers on the same cores
@@ -64,7 +71,7 @@ class Result:
         return statistics.median(self.ttft_s)
 
 
-def configs(chunks: tuple[int, ...], model_len: int) -> list[Config]:
+def configs(chunks: tuple[int, ...], model_len: int, micro: tuple[int, ...] = ()) -> list[Config]:
     from vllm_omni.cpp import cpp_engine_args
     from vllm_omni.cpp.worker import worker_cls_for_platform
 
@@ -74,13 +81,21 @@ def configs(chunks: tuple[int, ...], model_len: int) -> list[Config]:
     out = [Config("plain PP=1", 1, dict(timed, max_num_batched_tokens=2048))]
     out += [
         Config(
-            f"plain PP=2 chunk {c}",
+            f"{PLAIN_PP2} chunk {c}",
             2,
             dict(timed, pipeline_parallel_size=2, max_num_batched_tokens=c),
         )
         for c in chunks
     ]
-    out.append(Config("CPP PP=2", 2, cpp_engine_args(pipeline_parallel_size=2, **base)))
+    out += [
+        Config(
+            f"CPP micro-chunks {k}",
+            2,
+            cpp_engine_args({"micro_chunks": k}, pipeline_parallel_size=2, **base),
+        )
+        for k in micro
+    ]
+    out.append(Config(CPP_NAME, 2, cpp_engine_args(pipeline_parallel_size=2, **base)))
     return out
 
 
@@ -105,31 +120,68 @@ def step_summary(
 
 
 class Engine:
-    """One engine of a configuration, timing single-prompt prefills."""
+    """One engine of a configuration in a process of its own, timing single-prompt prefills.
+
+    Its own process because, within one Python process, the engine created first runs its
+    prefills 13-28% slower than the engines created after it (measured with identical
+    configurations; cause not found). A server runs one engine per process, so here every engine
+    is the first of its process, and no configuration gains from the order of creation.
+    """
 
     def __init__(self, config: Config, model: str) -> None:
-        from vllm import LLM
-
-        os.environ[BIND_ENV] = "0" if config.pp == 1 else "|".join(map(str, range(config.pp)))
+        context = multiprocessing.get_context("spawn")
         self.config = config
-        self.llm = LLM(model=model, **config.engine_args)
+        self._conn, child = context.Pipe()
+        # Not a daemon: the engine starts processes of its own.
+        self._process = context.Process(target=_engine_process, args=(config, model, child))
+        self._process.start()
+        child.close()
+        self._call("ready")
+
+    def _call(self, *message: Any) -> Any:
+        self._conn.send(message)
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"{self.config.name}: {value}")
+        return value
 
     def prefill(self, prompt_ids: list[int]) -> tuple[float, list[list[dict]]]:
-        from vllm import SamplingParams
-
-        time.sleep(QUIET_S)
-        self.llm.collective_rpc("cpp_take_step_records")
-        start = time.perf_counter()
-        self.llm.generate(
-            [{"prompt_token_ids": prompt_ids}], SamplingParams(max_tokens=1), use_tqdm=False
-        )
-        elapsed = time.perf_counter() - start
-        return elapsed, self.llm.collective_rpc("cpp_take_step_records")
+        return self._call("prefill", prompt_ids)
 
     def close(self) -> None:
-        self.llm.llm_engine.engine_core.shutdown()
-        del self.llm
-        gc.collect()
+        if self._process.is_alive():
+            self._call("close")
+        self._process.join(timeout=120)
+
+
+def _engine_process(config: Config, model: str, conn) -> None:
+    os.environ[BIND_ENV] = "0" if config.pp == 1 else "|".join(map(str, range(config.pp)))
+    from vllm import LLM, SamplingParams
+
+    llm = None
+    try:
+        while True:
+            command, *args = conn.recv()
+            if command == "ready":
+                llm = LLM(model=model, **config.engine_args)
+                conn.send((True, None))
+            elif command == "prefill":
+                time.sleep(QUIET_S)
+                llm.collective_rpc("cpp_take_step_records")
+                start = time.perf_counter()
+                llm.generate(
+                    [{"prompt_token_ids": args[0]}], SamplingParams(max_tokens=1), use_tqdm=False
+                )
+                elapsed = time.perf_counter() - start
+                conn.send((True, (elapsed, llm.collective_rpc("cpp_take_step_records"))))
+            elif command == "close":
+                conn.send((True, None))
+                return
+    except Exception as e:  # reported to the parent, which raises it
+        conn.send((False, repr(e)))
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
 
 
 def add_run(result: Result, elapsed: float, records, cost_model) -> None:
@@ -175,13 +227,51 @@ def run_paired(
     return pairs
 
 
+def run_both_orders(
+    baselines: list[Config], cpp_config: Config, model: str, lengths, runs: int
+) -> dict[str, dict[str, Any]]:
+    """Baseline TTFT / CPP TTFT with fresh engines started in both orders (see `Engine`: the
+    engine started first is slower here), and the geometric mean of the two orders' ratios."""
+    import math
+
+    rng = random.Random(0)
+    prompts = {
+        n: [[rng.randrange(3, 2000) for _ in range(n)] for _ in range(runs + 1)] for n in lengths
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for config in baselines:
+        for n in lengths:
+            ratios = []
+            for order in ((config, cpp_config), (cpp_config, config)):
+                engines = [Engine(c, model) for c in order]
+                for engine in engines:
+                    engine.prefill(prompts[n][0])
+                times: dict[str, list[float]] = {c.name: [] for c in order}
+                for run in range(1, runs + 1):
+                    for engine in engines if run % 2 else engines[::-1]:
+                        times[engine.config.name].append(engine.prefill(prompts[n][run])[0])
+                for engine in engines:
+                    engine.close()
+                base, cpp = (statistics.median(times[c.name]) for c in (config, cpp_config))
+                ratios.append(base / cpp)
+                print(
+                    f"  {n:6d} tokens, {order[0].name} started first: {config.name} {base:.3f} s"
+                    f" / CPP {cpp:.3f} s = {base / cpp:.3f}",
+                    flush=True,
+                )
+            both = math.sqrt(ratios[0] * ratios[1])
+            print(f"  {n:6d} tokens, {config.name} / CPP, both orders: {both:.3f}", flush=True)
+            out.setdefault(config.name, {})[str(n)] = {"orders": ratios, "both_orders": both}
+    return out
+
+
 def report(pairs: list[tuple[Result, Result]], lengths) -> dict[str, Any]:
     table: dict[str, Any] = {}
     print("\n(speed-up = baseline TTFT / TTFT of the CPP runs interleaved with it)")
     for n in lengths:
         rows = [(b, c) for b, c in pairs if b.prompt_len == n]
         speedup = {b.name: b.median_s / c.median_s for b, c in rows}
-        plain = [b for b, _ in rows if b.pp == 2]
+        plain = [b for b, _ in rows if b.name.startswith(PLAIN_PP2)]
         best = min(plain, key=lambda r: r.median_s)
         cpp_all = [t for _, c in rows for t in c.ttft_s]
         print(f"prompt {n} tokens:")
@@ -228,7 +318,7 @@ def plot_gantt(pairs: list[tuple[Result, Result]], prompt_len: int, path: Path) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(b, c) for b, c in pairs if b.prompt_len == prompt_len and b.pp == 2]
+    rows = [(b, c) for b, c in pairs if b.prompt_len == prompt_len and b.name.startswith(PLAIN_PP2)]
     plain, cpp = min(rows, key=lambda bc: bc[0].median_s)
     default = next((b for b, _ in rows if b.name.endswith(" 2048")), plain)
     shown = [default, plain, cpp] if default is not plain else [plain, cpp]
@@ -260,6 +350,20 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS))
     parser.add_argument("--chunks", type=int, nargs="+", default=list(DEFAULT_CHUNKS))
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--both-orders",
+        action="store_true",
+        help="instead of the full table: each selected baseline against a fresh CPP engine, the "
+        "pair started in both orders (slower; cancels the started-first bias)",
+    )
+    parser.add_argument(
+        "--micro-chunks",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="K",
+        help="also pair CPP with CPP whose workers split each step into K micro-chunks",
+    )
     parser.add_argument("--only", nargs="+", default=None, help="substrings of config names to run")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None, help="Gantt chart of the PP=2 stages")
@@ -281,13 +385,28 @@ def main() -> None:
     cost_model = CostModel.load(cal_path)
     print(f"cost model (per stage, PP=2): {cost_model}")
 
-    all_configs = configs(tuple(args.chunks), model_len)
-    baselines = [c for c in all_configs if c.name.startswith("plain")]
+    all_configs = configs(tuple(args.chunks), model_len, tuple(args.micro_chunks))
+    baselines = [c for c in all_configs if c.name != CPP_NAME]
     if args.only:
         baselines = [c for c in baselines if any(s in c.name for s in args.only)]
-    cpp_config = next(c for c in all_configs if c.name.startswith("CPP"))
+    cpp_config = next(c for c in all_configs if c.name == CPP_NAME)
+    if args.both_orders:
+        result = run_both_orders(baselines, cpp_config, model, args.lengths, args.runs)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"both_orders": result}, indent=1))
+            print(f"wrote {args.json}")
+        return
     pairs = run_paired(baselines, cpp_config, model, args.lengths, args.runs, cost_model)
-    has_reference = any(b.pp == 1 for b, _ in pairs) and any(b.pp == 2 for b, _ in pairs)
+    print("\npaired: baseline TTFT / TTFT of the CPP runs interleaved with it (> 1: CPP faster)")
+    for base, cpp in pairs:
+        print(
+            f"  {base.name:24s} {base.prompt_len:6d}: {base.median_s:7.3f} s / "
+            f"{cpp.median_s:7.3f} s = {base.median_s / cpp.median_s:.3f}"
+        )
+    has_reference = any(b.pp == 1 for b, _ in pairs) and any(
+        b.name.startswith(PLAIN_PP2) for b, _ in pairs
+    )
     ratios = report(pairs, args.lengths) if has_reference else {}
     if args.png:
         args.png.parent.mkdir(parents=True, exist_ok=True)

@@ -23,12 +23,17 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_cpp_flags_become_engine_args():
-    args = parse("--cpp", "-pp", "2", "--cpp-num-steps", "12", "--additional-config", '{"x": 1}')
+    args = parse(
+        "--cpp", "-pp", "2", "--cpp-num-steps", "12", "--cpp-micro-chunks", "2",
+        "--additional-config", '{"x": 1}',
+    )  # fmt: skip
     apply_cpp_args(args)
     assert args.scheduler_cls == "vllm_omni.cpp.scheduler.CPPScheduler"
     assert args.worker_cls.startswith("vllm_omni.cpp.worker.CPP")
     assert args.additional_config["x"] == 1
-    assert CPPConfig.from_dict(args.additional_config["cpp"]) == CPPConfig(num_steps=12)
+    assert CPPConfig.from_dict(args.additional_config["cpp"]) == CPPConfig(
+        num_steps=12, micro_chunks=2
+    )
     assert args.max_num_batched_tokens == 8192 and args.enable_chunked_prefill
 
 
@@ -50,6 +55,8 @@ def test_plain_serve_is_untouched():
         (["--cpp-num-steps", "4"], "--cpp-num-steps needs --cpp"),
         (["--cpp", "-pp", "2", "--no-enable-chunked-prefill"], "needs chunked prefill"),
         (["--cpp", "--cpp-num-steps", "4"], "needs pipeline_parallel_size > 1"),
+        (["--cpp", "--cpp-micro-chunks", "2"], "cpp.micro_chunks needs pipeline_parallel_size > 1"),
+        (["--cpp", "-pp", "2", "--cpp-micro-chunks", "0"], "cpp.micro_chunks must be"),
         (["--cpp", "-pp", "2", "--cpp-min-chunk", "-1"], "cpp.min_chunk"),
         (["--cpp", "-pp", "2", "--scheduler-cls", "my.Scheduler"], "scheduler_cls is set by CPP"),
     ],

@@ -56,6 +56,8 @@ def _run(
     try:
         outputs = {name: _generate(llm, prompts) for name, prompts in prompt_sets.items()}
         outputs["num_preemptions"] = _num_preemptions(llm)
+        if engine_args.get("worker_cls"):  # CPP's worker keeps a step timeline
+            outputs["step_records"] = llm.collective_rpc("cpp_take_step_records")
         return outputs
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -95,3 +97,20 @@ def test_cpp_under_preemption_matches_plain(tiny_models, prompts, reference):
     got = _run(tiny_models["llama-8l"], {"preempt": prompts["preempt"]}, **args)
     assert got["num_preemptions"] > 0
     assert got["preempt"] == reference["preempt"]
+
+
+def test_cpp_micro_chunks_match_plain_pp1(tiny_models, prompts, reference):
+    # RFC phase 2: the workers split each step's chunk in three; tokens stay those of PP=1.
+    args = cpp_engine_args(
+        {"micro_chunks": 3},
+        pipeline_parallel_size=2,
+        max_model_len=MAX_MODEL_LEN,
+        enable_prefix_caching=True,
+    )
+    got = _run(tiny_models["llama-8l"], {k: prompts[k] for k in ("long", "prefix")}, **args)
+    assert got["long"] == reference["long"]
+    assert got["prefix"] == reference["prefix"]
+    pieces = got["step_records"]
+    assert any(r["pieces"] == 3 for r in pieces[0]), "no step was split into micro-chunks"
+    # Every rank ran the same pieces, in the same order.
+    assert [r["chunks"] for r in pieces[0]] == [r["chunks"] for r in pieces[1]]

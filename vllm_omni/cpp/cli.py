@@ -13,6 +13,7 @@ from vllm_omni.cpp.engine_args import cpp_engine_args
 OPTION_FLAGS = {
     "--cpp-num-steps": "num_steps",
     "--cpp-min-chunk": "min_chunk",
+    "--cpp-micro-chunks": "micro_chunks",
     "--cpp-cost-model": "cost_model",
     "--cpp-overhead-tokens": "overhead_tokens",
     "--cpp-slo": "slo",
@@ -33,6 +34,14 @@ def add_cpp_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="Pipeline steps per long prefill (default: chosen per prompt).",
+    )
+    group.add_argument(
+        "--cpp-micro-chunks",
+        type=int,
+        default=None,
+        metavar="K",
+        help="Split each step's prefill chunk in the worker into K micro-chunks that stream "
+        "through the PP stages (RFC phase 2; default 1: off).",
     )
     group.add_argument(
         "--cpp-min-chunk",

@@ -28,6 +28,11 @@ class CPPConfig:
     model and pipeline size if there is one, else the analytic FLOP model."""
     overhead_tokens: int = 128
     """For the analytic model only: the fixed cost of a step, in tokens' worth of linear layers."""
+    micro_chunks: int = 1
+    """The RFC's phase 2: the worker splits each scheduled prefill chunk of a request running
+    alone into this many equal-cost micro-chunks that stream through the PP ranks (the scheduler
+    plans 1/micro_chunks as many steps). 1: off, every chunk is its own scheduler step (the
+    default: measured no faster on CPU, see docs/cpp.md)."""
     lookahead_steps: int = 1
     """Steps scheduled beyond the pp_size in flight, so a stage that finishes finds its next chunk
     queued instead of waiting for the engine's round trip (0: vLLM's own queue of pp_size)."""
@@ -62,6 +67,14 @@ class CPPConfig:
             raise ValueError(f"cpp.min_chunk must be an integer >= 0, got {self.min_chunk!r}")
         if self.cost_model is not None and not isinstance(self.cost_model, str):
             raise ValueError(f"cpp.cost_model must be a path string, got {self.cost_model!r}")
+        if (
+            isinstance(self.micro_chunks, bool)
+            or not isinstance(self.micro_chunks, int)
+            or not 1 <= self.micro_chunks <= 64
+        ):
+            raise ValueError(
+                f"cpp.micro_chunks must be an integer in [1, 64], got {self.micro_chunks!r}"
+            )
         if not isinstance(self.lookahead_steps, int) or not 0 <= self.lookahead_steps <= 4:
             raise ValueError(
                 f"cpp.lookahead_steps must be an integer in [0, 4], got {self.lookahead_steps!r}"

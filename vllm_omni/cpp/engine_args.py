@@ -43,10 +43,11 @@ def cpp_engine_args(
             "so it needs chunked prefill"
         )
     pp_size = engine_args.get("pipeline_parallel_size", 1)
-    if pp_size == 1 and config.num_steps is not None:
-        raise ValueError(
-            "cpp.num_steps needs pipeline_parallel_size > 1 (chunks pipeline across PP stages)"
-        )
+    for name, off in (("num_steps", None), ("micro_chunks", 1)):
+        if pp_size == 1 and getattr(config, name) != off:
+            raise ValueError(
+                f"cpp.{name} needs pipeline_parallel_size > 1 (chunks pipeline across PP stages)"
+            )
     for key in ("scheduler_cls", "worker_cls"):
         if engine_args.get(key) not in (None, "auto"):
             raise ValueError(

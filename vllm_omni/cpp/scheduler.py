@@ -269,6 +269,8 @@ class CPPScheduler(Scheduler):
                     self.pp_size,
                     max_steps=max(1, math.ceil(remaining / self.chunk_align)),
                 )
+            # With micro-chunks the worker splits every step's chunk further (RFC phase 2).
+            num_steps = max(1, math.ceil(num_steps / self.cpp_config.micro_chunks))
             budget = budget_for_steps(
                 self.cost_model,
                 request.num_tokens,

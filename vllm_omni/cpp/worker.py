@@ -7,6 +7,11 @@ request. The timeline feeds cost-model calibration (`vllm_omni.cpp.calibrate`) a
 measurements of `benchmarks/cpp_ttft.py`; callers fetch it with
 `llm.collective_rpc("cpp_take_step_records")`.
 
+With `cpp.micro_chunks` > 1 the worker also carries out the RFC's phase 2: it splits a step that
+holds one long prefill chunk into micro-chunks (`vllm_omni.cpp.micro_chunks`) and runs them one by
+one, each forward sending its activations on, so the pieces stream through the PP ranks within the
+step; every piece gets its own record.
+
 Only the runner's forward is timed, not the receive of the previous stage's activations, so the
 records are busy time. On CPU the PP receive completes before the runner starts; on CUDA the
 receive is waited lazily inside the runner, so records there include some waiting (not exercised
@@ -20,8 +25,14 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
+
+from vllm_omni.cpp import micro_chunks
+from vllm_omni.cpp.config import CPPConfig
+from vllm_omni.cpp.cost_model_source import resolve_cost_model
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -36,6 +47,9 @@ class StepRecord:
     end_s: float
     chunks: tuple[tuple[int, int], ...]
     """(num_new_tokens, num_cached_tokens) of each scheduled request."""
+    piece: int = 0
+    pieces: int = 1
+    """This forward is micro-chunk `piece` of `pieces` of one scheduler step (cpp.micro_chunks)."""
 
     @property
     def seconds(self) -> float:
@@ -54,7 +68,8 @@ def scheduled_chunks(scheduler_output: SchedulerOutput) -> tuple[tuple[int, int]
 
 
 class CPPWorkerMixin:
-    """Records a StepRecord for every model-runner forward pass of this worker."""
+    """Records a StepRecord for every model-runner forward pass of this worker, and with
+    `cpp.micro_chunks` > 1 splits a lone prefill chunk into micro-chunks (`micro_chunks`)."""
 
     def _install_step_timer(self) -> None:
         self._step_records: deque[StepRecord] = deque(maxlen=MAX_RECORDS)
@@ -69,12 +84,53 @@ class CPPWorkerMixin:
                 if scheduler_output.total_num_scheduled_tokens > 0:
                     self._step_records.append(
                         StepRecord(
-                            self.rank, start, time.monotonic(), scheduled_chunks(scheduler_output)
+                            self.rank,
+                            start,
+                            time.monotonic(),
+                            scheduled_chunks(scheduler_output),
+                            *self._piece,
                         )
                     )
 
         # An instance attribute on our own worker's runner: the runner class stays untouched.
         runner.execute_model = timed_forward
+        self._micro = None
+        self._piece = (0, 1)
+        config = CPPConfig.from_additional_config(self.vllm_config.additional_config)
+        if config is not None and config.micro_chunks > 1:
+            cost_model = resolve_cost_model(config, self.vllm_config)
+            align = config.chunk_align or self.vllm_config.cache_config.block_size
+            self._micro = (cost_model, config.micro_chunks, align)
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput):
+        pieces = self._micro_pieces(scheduler_output) if self._micro else None
+        if pieces is None:
+            return super().execute_model(scheduler_output)
+        try:
+            for i, piece in enumerate(pieces[:-1]):
+                self._piece = (i, len(pieces))
+                # The last rank defers sampling to sample_tokens(); a piece that ends mid-prompt
+                # samples nothing the scheduler keeps, so its output is dropped here.
+                if super().execute_model(piece) is None and get_pp_group().is_last_rank:
+                    self.model_runner.sample_tokens(None)
+            self._piece = (len(pieces) - 1, len(pieces))
+            return super().execute_model(pieces[-1])
+        finally:
+            self._piece = (0, 1)
+
+    def _micro_pieces(self, scheduler_output: SchedulerOutput) -> list | None:
+        found = micro_chunks.lone_prefill(scheduler_output, self.model_runner.requests)
+        if found is None:
+            return None
+        req_id, cached, num_tokens = found
+        cost_model, pieces, align = self._micro
+        if num_tokens < 2 * align:
+            return None
+        sizes = micro_chunks.piece_sizes(cost_model, cached, num_tokens, pieces, align)
+        if len(sizes) < 2:
+            return None
+        return micro_chunks.split(scheduler_output, req_id, cached, sizes)
 
     def cpp_take_step_records(self) -> list[dict[str, Any]]:
         """Drain this worker's step records (as dicts, to cross the RPC boundary)."""
