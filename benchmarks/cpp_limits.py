@@ -44,11 +44,11 @@ DEFAULT_UNLOADED_TTFT_MS = (28.8, 45.6, 58.4, 61.6)
 
 
 def default_cost_model_path() -> Path:
-    from vllm_omni.cpp.cost_model_source import calibration_dir, calibration_key
+    from vllm_omni.cpp.cost_model_source import calibration_path
     from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
     model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
-    return calibration_dir() / f"{calibration_key(model, PP, 'torch.bfloat16', 'cpu')}.json"
+    return calibration_path(model, PP, "torch.bfloat16", "cpu")
 
 
 def prefill_ceilings(cost_model: CostModel, measured: dict[str, Any] | None) -> dict[str, Any]:

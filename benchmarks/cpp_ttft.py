@@ -193,14 +193,19 @@ def add_run(result: Result, elapsed: float, records, cost_model) -> None:
     result.ideal_bubble = (p - 1) / (m + p - 1)
 
 
+def make_prompts(lengths, runs: int) -> dict[int, list[list[int]]]:
+    """Per prompt length, one warm-up prompt and `runs` timed ones of random token ids (seeded)."""
+    rng = random.Random(0)
+    return {
+        n: [[rng.randrange(3, 2000) for _ in range(n)] for _ in range(runs + 1)] for n in lengths
+    }
+
+
 def run_paired(
     baselines: list[Config], cpp_config: Config, model: str, lengths, runs: int, cost_model
 ) -> list[tuple[Result, Result]]:
     """(baseline, CPP interleaved with it) per baseline configuration and prompt length."""
-    rng = random.Random(0)
-    prompts = {
-        n: [[rng.randrange(3, 2000) for _ in range(n)] for _ in range(runs + 1)] for n in lengths
-    }
+    prompts = make_prompts(lengths, runs)
     cpp = Engine(cpp_config, model)
     for n in lengths:
         cpp.prefill(prompts[n][0])  # warm-up (and compilation)
@@ -234,10 +239,7 @@ def run_both_orders(
     engine started first is slower here), and the geometric mean of the two orders' ratios."""
     import math
 
-    rng = random.Random(0)
-    prompts = {
-        n: [[rng.randrange(3, 2000) for _ in range(n)] for _ in range(runs + 1)] for n in lengths
-    }
+    prompts = make_prompts(lengths, runs)
     out: dict[str, dict[str, Any]] = {}
     for config in baselines:
         for n in lengths:
@@ -370,12 +372,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from vllm_omni.cpp.cost_model import CostModel
-    from vllm_omni.cpp.cost_model_source import calibration_dir, calibration_key
+    from vllm_omni.cpp.cost_model_source import calibration_path
     from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
     model = args.model or str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     model_len = max(args.lengths) + 64
-    cal_path = calibration_dir() / f"{calibration_key(model, 2, 'torch.bfloat16', 'cpu')}.json"
+    cal_path = calibration_path(model, 2, "torch.bfloat16", "cpu")
     if not cal_path.is_file():
         from vllm_omni.cpp.calibrate import calibrate
 

@@ -32,15 +32,19 @@ def calibration_key(model: str, pp_size: int, dtype: str, device: str) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
+def calibration_path(model: str, pp_size: int, dtype: str, device: str) -> Path:
+    """Where the calibration of `model` at `pp_size` stages is cached (see calibration_key)."""
+    return calibration_dir() / f"{calibration_key(model, pp_size, dtype, device)}.json"
+
+
 def calibration_path_for(vllm_config: VllmConfig) -> Path:
     model_config = vllm_config.model_config
-    key = calibration_key(
+    return calibration_path(
         model_config.model,
         vllm_config.parallel_config.pipeline_parallel_size,
         str(model_config.dtype),
         vllm_config.device_config.device_type,
     )
-    return calibration_dir() / f"{key}.json"
 
 
 def analytic_cost_model(vllm_config: VllmConfig, overhead_tokens: int) -> CostModel:

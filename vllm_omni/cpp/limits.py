@@ -45,17 +45,13 @@ class PlanBound:
 def _costs(prompt_len: int, cost_model: CostModel, grid: int) -> tuple[np.ndarray, np.ndarray]:
     """Grid positions (token offsets) and step times s[i, j] of the chunk from position i to j
     (inf where j <= i)."""
-    pos = np.minimum(np.arange(0, prompt_len + grid, grid), prompt_len)
-    pos = np.unique(pos)
-    start, end = np.meshgrid(pos, pos, indexing="ij")
-    x = (end - start).astype(float)
-    cost = (
-        cost_model.step_overhead
-        + cost_model.linear * x
-        + cost_model.attention * x * (start + x / 2)
-        + cost_model.context * start
-    )
-    return pos, np.where(x > 0, cost, np.inf)
+    pos = np.unique(np.minimum(np.arange(0, prompt_len + grid, grid), prompt_len))
+    cost = np.full((len(pos), len(pos)), np.inf)
+    for i, start in enumerate(pos):
+        for j in range(i + 1, len(pos)):
+            size = int(pos[j] - start)
+            cost[i, j] = cost_model.step_overhead + cost_model.chunk_cost(size, int(start))
+    return pos, cost
 
 
 def _least_work(cost: np.ndarray, cap: float) -> tuple[float, list[int]]:
