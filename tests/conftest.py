@@ -1,16 +1,93 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and a guard that lets pytest's exit code reach CI."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+
+_SESSION = pytest.StashKey[pytest.Session]()
 
 
 @pytest.fixture(scope="session")
 def tiny_models() -> dict[str, Path]:
     """All tiny models (name -> folder), built once into the shared cache and reused after."""
     return build_tiny_models(default_models_dir())
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:160]}"
+    except psutil.Error:
+        return f"pid {proc.pid}: (gone)"
+
+
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    # multiprocessing's own helper: it ends by itself once this process exits, and ending it
+    # first would leave shared memory behind.
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return True
+
+
+def _end_children(timeout_s: float = 10.0) -> list[str]:
+    """Terminate this process's descendants, then kill those still alive; describe them all."""
+    children = [c for c in psutil.Process().children(recursive=True) if not _is_resource_tracker(c)]
+    described = [_describe(c) for c in children]
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    return described
+
+
+def _leftover_threads() -> list[str]:
+    return [
+        t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon
+    ]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Every fixture has been torn down by now: a process or non-daemon thread still alive leaked
+    # from a test. Name it, so that the leak can be fixed, and end the processes.
+    session.config.stash[_SESSION] = session
+    children = _end_children()
+    threads = _leftover_threads()
+    if children:
+        sys.__stderr__.write("\n[conftest] processes alive after the tests, ended:\n  ")
+        sys.__stderr__.write("\n  ".join(children) + "\n")
+    if threads:
+        sys.__stderr__.write(f"\n[conftest] non-daemon threads alive after the tests: {threads}\n")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(_SESSION, None)
+    if session is None:  # no test session ran (`pytest --help`, a usage error)
+        return
+    # Leave with pytest's status without running interpreter shutdown. That shutdown joins
+    # threads, runs vLLM's and multiprocessing's exit hooks and frees native libraries' state;
+    # it takes ~3 s here, but one CI run printed its summary and then hung there until its
+    # 90-minute limit killed it, which turned 275 passing tests into a failure. Nothing after
+    # this point can change the outcome: the report is written and leaked processes are ended.
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+    os._exit(int(session.exitstatus))
