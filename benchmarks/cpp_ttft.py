@@ -2,6 +2,7 @@
 """TTFT of long prompts: plain vLLM PP=1, plain vLLM PP=2 at fixed chunk sizes, and CPP PP=2.
 
     .venv/bin/python benchmarks/cpp_ttft.py --json out/cpp_ttft.json --png out/cpp_gantt.png
+    .venv/bin/python benchmarks/cpp_ttft.py --both-orders --json out/cpp_ttft_both_orders.json
     .venv/bin/python benchmarks/cpp_ttft.py --both-orders --only "chunk 1024" "micro" \
         --micro-chunks 2 --lengths 16384 --json out/cpp_both_orders.json
 
@@ -12,7 +13,8 @@ baseline engine runs, and every baseline prefill is followed by a CPP prefill of
 each ratio compares a baseline with the CPP runs interleaved with it. Every engine runs in a
 process of its own. The engine started first is slower on this VM (see `Engine`), which the full
 table does not correct for: CPP starts first. `--both-orders` instead starts each baseline with a
-fresh CPP engine in both orders and reports the geometric mean of the two ratios. Each timed
+fresh CPP engine in both orders and reports the geometric mean of the two ratios (the same
+headline ratios, without the step timelines; four engine starts per baseline). Each timed
 prefill waits `QUIET_S` first, until the other engine's processes have stopped busy-polling. Each
 engine uses vllm_omni's CPP worker, which only records a per-rank busy timeline, so every
 configuration reports: median TTFT of --runs runs (after one warm-up), the per-step compute-load
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -235,36 +238,61 @@ def run_paired(
 def run_both_orders(
     baselines: list[Config], cpp_config: Config, model: str, lengths, runs: int
 ) -> dict[str, dict[str, Any]]:
-    """Baseline TTFT / CPP TTFT with fresh engines started in both orders (see `Engine`: the
-    engine started first is slower here), and the geometric mean of the two orders' ratios."""
-    import math
-
+    """Baseline TTFT / CPP TTFT with a fresh pair of engines started in each order (see
+    `Engine`: the engine started first is slower here), per prompt length, and the geometric mean
+    of the two orders' ratios. One pair per order serves every length; runs alternate engines."""
     prompts = make_prompts(lengths, runs)
     out: dict[str, dict[str, Any]] = {}
     for config in baselines:
-        for n in lengths:
-            ratios = []
-            for order in ((config, cpp_config), (cpp_config, config)):
-                engines = [Engine(c, model) for c in order]
+        print(f"{config.name} / {cpp_config.name}:", flush=True)
+        per_length: dict[int, list[dict[str, Any]]] = {n: [] for n in lengths}
+        for order in ((config, cpp_config), (cpp_config, config)):
+            engines = [Engine(c, model) for c in order]
+            for n in lengths:
                 for engine in engines:
                     engine.prefill(prompts[n][0])
                 times: dict[str, list[float]] = {c.name: [] for c in order}
                 for run in range(1, runs + 1):
                     for engine in engines if run % 2 else engines[::-1]:
                         times[engine.config.name].append(engine.prefill(prompts[n][run])[0])
-                for engine in engines:
-                    engine.close()
                 base, cpp = (statistics.median(times[c.name]) for c in (config, cpp_config))
-                ratios.append(base / cpp)
+                per_length[n].append(
+                    {"started_first": order[0].name, "baseline_s": base, "cpp_s": cpp}
+                )
                 print(
-                    f"  {n:6d} tokens, {order[0].name} started first: {config.name} {base:.3f} s"
-                    f" / CPP {cpp:.3f} s = {base / cpp:.3f}",
+                    f"  {n:6d} tokens, {order[0].name} started first: {base:.3f} s / "
+                    f"{cpp:.3f} s = {base / cpp:.3f}",
                     flush=True,
                 )
-            both = math.sqrt(ratios[0] * ratios[1])
-            print(f"  {n:6d} tokens, {config.name} / CPP, both orders: {both:.3f}", flush=True)
-            out.setdefault(config.name, {})[str(n)] = {"orders": ratios, "both_orders": both}
+            for engine in engines:
+                engine.close()
+        for n, orders in per_length.items():
+            both = math.prod(o["baseline_s"] / o["cpp_s"] for o in orders) ** (1 / len(orders))
+            print(f"  {n:6d} tokens, both orders: {both:.3f}", flush=True)
+            out.setdefault(config.name, {})[str(n)] = {"orders": orders, "both_orders": both}
     return out
+
+
+def summarize_both_orders(result: dict[str, dict[str, Any]], lengths) -> dict[str, Any]:
+    """Per length: CPP's speed-up over PP=1, over the best fixed chunk and over 2048, each the
+    geometric mean of both start orders (> 1: CPP faster)."""
+    table: dict[str, Any] = {}
+    print("\nboth orders: baseline TTFT / CPP TTFT (> 1: CPP faster)")
+    for n in lengths:
+        ratio = {name: r[str(n)]["both_orders"] for name, r in result.items() if str(n) in r}
+        fixed = {k: v for k, v in ratio.items() if k.startswith(PLAIN_PP2)}
+        entry: dict[str, Any] = {
+            "cpp_vs_pp1": next((v for k, v in ratio.items() if "PP=1" in k), None),
+            "cpp_vs_default_2048": ratio.get(f"{PLAIN_PP2} chunk 2048"),
+        }
+        if fixed:
+            best = min(fixed, key=fixed.get)
+            entry |= {"cpp_vs_best_fixed": fixed[best], "best_fixed": best}
+        print(f"  {n:6d} tokens: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
+        if fixed:
+            print(f"  {'':6s}  CPP vs the best fixed chunk ({best}): {fixed[best]:.3f}")
+        table[str(n)] = entry
+    return table
 
 
 def report(pairs: list[tuple[Result, Result]], lengths) -> dict[str, Any]:
@@ -355,8 +383,8 @@ def main() -> None:
     parser.add_argument(
         "--both-orders",
         action="store_true",
-        help="instead of the full table: each selected baseline against a fresh CPP engine, the "
-        "pair started in both orders (slower; cancels the started-first bias)",
+        help="instead of the paired table: each selected baseline against a fresh CPP engine, "
+        "the pair started in both orders (slower; cancels the started-first bias)",
     )
     parser.add_argument(
         "--micro-chunks",
@@ -394,9 +422,15 @@ def main() -> None:
     cpp_config = next(c for c in all_configs if c.name == CPP_NAME)
     if args.both_orders:
         result = run_both_orders(baselines, cpp_config, model, args.lengths, args.runs)
+        summary = summarize_both_orders(result, args.lengths)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"both_orders": result}, indent=1))
+            args.json.write_text(
+                json.dumps(
+                    {"machine": {"cpus": os.cpu_count()}, "ratios": summary, "both_orders": result},
+                    indent=1,
+                )
+            )
             print(f"wrote {args.json}")
         return
     pairs = run_paired(baselines, cpp_config, model, args.lengths, args.runs, cost_model)
