@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What this machine's cost model allows CPP to reach, beside what CPP measured.
 
-    .venv/bin/python benchmarks/cpp_limits.py --measured docs/results/cpp_ttft.json \\
+    .venv/bin/python benchmarks/cpp_limits.py \\
+        --measured docs/results/cpp_ttft.json docs/results/cpp_ttft_both_orders.json \\
         --slo docs/results/slo_mixed.json --json docs/results/cpp_limits.json
 
 Takes the CPP cost model calibrated on this machine (per stage of the tiny 8-layer Llama at PP=2;
@@ -10,7 +11,9 @@ Takes the CPP cost model calibrated on this machine (per stage of the tiny 8-lay
 1. Prefill (the CPP issue). The best makespan of ANY chunk plan at PP=2 (64-token grid, lower
    bound over all such plans), so the highest speed-up any scheduler could get over plain PP=1
    (2048-token steps) and over plain PP=2 at each fixed chunk size, next to the targets and to
-   CPP's measured ratios (from a `cpp_ttft.py --json` file).
+   CPP's measured ratios (from `cpp_ttft.py --json` files: CPP's chunk plans from the paired
+   table's step records, the ratios from the last file that has them, so that the order-fair
+   `--both-orders` file can follow the paired one).
 2. SLO scheduling (the SLO issue). For step lengths s, the best-case share of short requests
    arriving during a long prefill that meet 3x their unloaded TTFT, against how much longer the
    long prefills take when every step must fit s; then the best overall attainment any step
@@ -49,6 +52,14 @@ def default_cost_model_path() -> Path:
 
     model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     return calibration_path(model, PP, "torch.bfloat16", "cpu")
+
+
+def merge_measured(files: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Step records of every file; the ratios of the last file that has any."""
+    if not files:
+        return None
+    ratios = next((f["ratios"] for f in reversed(files) if f.get("ratios")), {})
+    return {"records": [r for f in files for r in f.get("records", [])], "ratios": ratios}
 
 
 def prefill_ceilings(cost_model: CostModel, measured: dict[str, Any] | None) -> dict[str, Any]:
@@ -185,7 +196,9 @@ def slo_inputs(path: Path | None, unloaded_ms: str | None, during: float | None)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cost-model", type=Path, default=None, help="default: this machine's")
-    parser.add_argument("--measured", type=Path, default=None, help="cpp_ttft.py --json output")
+    parser.add_argument(
+        "--measured", type=Path, nargs="+", default=[], help="cpp_ttft.py --json outputs"
+    )
     parser.add_argument("--slo", type=Path, default=None, help="slo_mixed.py --json output")
     parser.add_argument("--unloaded-ttft-ms", default=None, help="comma-separated, overrides --slo")
     parser.add_argument("--during-long", type=float, default=None, help="overrides --slo")
@@ -201,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             "vllm_omni.cpp.calibrate <tiny llama-8l> -pp 2) first"
         )
     cost_model = CostModel.load(path)
-    measured = json.loads(args.measured.read_text()) if args.measured else None
+    measured = merge_measured([json.loads(p.read_text()) for p in args.measured])
     result = {
         "cost_model": cost_model.to_dict(),
         "pp": PP,
