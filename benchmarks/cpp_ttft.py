@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import random
@@ -267,7 +266,7 @@ def run_both_orders(
             for engine in engines:
                 engine.close()
         for n, orders in per_length.items():
-            both = math.prod(o["baseline_s"] / o["cpp_s"] for o in orders) ** (1 / len(orders))
+            both = statistics.geometric_mean(o["baseline_s"] / o["cpp_s"] for o in orders)
             print(f"  {n:6d} tokens, both orders: {both:.3f}", flush=True)
             out.setdefault(config.name, {})[str(n)] = {"orders": orders, "both_orders": both}
     return out
@@ -285,11 +284,10 @@ def summarize_both_orders(result: dict[str, dict[str, Any]], lengths) -> dict[st
             "cpp_vs_pp1": next((v for k, v in ratio.items() if "PP=1" in k), None),
             "cpp_vs_default_2048": ratio.get(f"{PLAIN_PP2} chunk 2048"),
         }
+        print(f"  {n:6d} tokens: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
         if fixed:
             best = min(fixed, key=fixed.get)
             entry |= {"cpp_vs_best_fixed": fixed[best], "best_fixed": best}
-        print(f"  {n:6d} tokens: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
-        if fixed:
             print(f"  {'':6s}  CPP vs the best fixed chunk ({best}): {fixed[best]:.3f}")
         table[str(n)] = entry
     return table
