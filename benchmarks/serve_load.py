@@ -6,7 +6,13 @@
 Starts `vllm-omni serve <tiny Qwen-Image> --enforce-eager` on loopback (or uses --url), warms
 it up, then sends the requests with the official openai client while a second thread polls
 /health. Reports throughput, P50/P99 latency, errors, /health availability and the server's
-resident memory (its own process, and with its stage processes) before and after the run.
+memory before and after the run: its own process, and with its stage processes, as RSS (which
+counts the libraries every process maps once per process) and as PSS (each shared page split
+among the processes that map it: what the server tree adds to the machine's memory use).
+
+`--compare-generation-kv` runs a second server after the first, whose text encoder has the KV
+cache a generating stage would get (the CPU default of 4 GiB, the model's 8K context), and
+prints the ratios: the cost of not sizing the encoder's cache for one step.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ import requests
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 
-def start_server(model: str) -> tuple[subprocess.Popen, str, tempfile._TemporaryFileWrapper]:
+def start_server(
+    model: str, extra: list[str] = ()
+) -> tuple[subprocess.Popen, str, tempfile._TemporaryFileWrapper]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -46,6 +54,7 @@ def start_server(model: str) -> tuple[subprocess.Popen, str, tempfile._Temporary
         "127.0.0.1",
         "--port",
         str(port),
+        *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -62,12 +71,17 @@ def start_server(model: str) -> tuple[subprocess.Popen, str, tempfile._Temporary
     raise TimeoutError("server did not start")
 
 
-def rss_mib(pid: int) -> tuple[float, float]:
-    """(the process alone, the process and all its descendants), MiB."""
+def memory_mib(pid: int) -> dict[str, float]:
+    """RSS and PSS of the process alone and with all its descendants, MiB."""
     proc = psutil.Process(pid)
-    own = proc.memory_info().rss
-    tree = own + sum(c.memory_info().rss for c in proc.children(recursive=True))
-    return own / 2**20, tree / 2**20
+    tree = [proc, *proc.children(recursive=True)]
+    info = {p.pid: p.memory_full_info() for p in tree}
+    return {
+        "server_rss": info[pid].rss / 2**20,
+        "with_stages_rss": sum(i.rss for i in info.values()) / 2**20,
+        "server_pss": info[pid].pss / 2**20,
+        "with_stages_pss": sum(i.pss for i in info.values()) / 2**20,
+    }
 
 
 class HealthPoller(threading.Thread):
@@ -119,27 +133,30 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", help="an omni server already running (default: start one)")
-    parser.add_argument("--model", help="model folder (default: the tiny Qwen-Image pipeline)")
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--warmup", type=int, default=32)
-    parser.add_argument("--size", default="64x64")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+GENERATION_KV_YAML = """
+stages:
+  - name: text_encoder
+    engine_type: AR
+    model: text_encoder
+    tokenizer: tokenizer
+    processor: qwen_image_prompt
+    engine_args: {kv_cache_memory_bytes: 4294967296, max_model_len: 8192}
+  - name: dit
+    engine_type: DiT
+    model: .
+    inputs:
+      prompt_embeds: text_encoder.prompt_embeds
+      negative_prompt_embeds: text_encoder.negative_prompt_embeds
+    scheduler: step
+    final_output: true
+"""
 
+
+def run_one(args, url: str | None, model: str | None, extra: list[str] = ()) -> dict:
     proc = log = None
-    if args.url:
-        url = args.url
-        pid = None
-    else:
-        model = args.model or str(
-            build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"]
-        )
-        proc, url, log = start_server(model)
+    pid = None
+    if url is None:
+        proc, url, log = start_server(model, list(extra))
         pid = proc.pid
     client = openai.OpenAI(
         base_url=f"{url}/v1",
@@ -147,22 +164,22 @@ def main() -> None:
         max_retries=0,
         timeout=600,
     )
+    unknown = dict.fromkeys(("server_rss", "with_stages_rss", "server_pss", "with_stages_pss"))
     try:
         run_load(client, args.warmup, args, offset=10**6)
-        rss_before = rss_mib(pid) if pid else (float("nan"),) * 2
+        mem_before = memory_mib(pid) if pid else unknown
         poller = HealthPoller(url)
         poller.start()
         start = time.monotonic()
         latencies, errors = run_load(client, args.requests, args)
         wall = time.monotonic() - start
         poller.stop()
-        rss_after = rss_mib(pid) if pid else (float("nan"),) * 2
+        mem_after = memory_mib(pid) if pid else unknown
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=60)
             log.close()
-
     report = {
         "requests": args.requests,
         "concurrency": args.concurrency,
@@ -177,11 +194,10 @@ def main() -> None:
         "health_ok": poller.ok,
         "health_failed": poller.failed,
         "health_max_latency_s": poller.max_latency_s,
-        "rss_mib_before": {"server": rss_before[0], "with_stages": rss_before[1]},
-        "rss_mib_after": {"server": rss_after[0], "with_stages": rss_after[1]},
-        "rss_growth_pct": {
-            "server": 100 * (rss_after[0] / rss_before[0] - 1),
-            "with_stages": 100 * (rss_after[1] / rss_before[1] - 1),
+        "memory_mib_before": mem_before,
+        "memory_mib_after": mem_after,
+        "memory_growth_pct": {
+            k: 100 * (mem_after[k] / mem_before[k] - 1) if pid else None for k in mem_before
         },
     }
     print(
@@ -196,12 +212,68 @@ def main() -> None:
         f"/health: {poller.ok} ok, {poller.failed} failed, "
         f"slowest {poller.max_latency_s * 1e3:.0f} ms"
     )
-    growth = report["rss_growth_pct"]
-    print(
-        f"RSS after warm-up -> after run: server {rss_before[0]:.0f} -> {rss_after[0]:.0f} MiB "
-        f"({growth['server']:+.1f}%), with stage processes "
-        f"{rss_before[1]:.0f} -> {rss_after[1]:.0f} MiB ({growth['with_stages']:+.1f}%)"
+    b, a = mem_before, mem_after
+    if pid:
+        print(
+            f"memory after warm-up -> after run, MiB: server RSS {b['server_rss']:.0f} -> "
+            f"{a['server_rss']:.0f}; with stage processes RSS {b['with_stages_rss']:.0f} -> "
+            f"{a['with_stages_rss']:.0f}, PSS {b['with_stages_pss']:.0f} -> "
+            f"{a['with_stages_pss']:.0f} ({report['memory_growth_pct']['with_stages_pss']:+.1f}%)",
+            flush=True,
+        )
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", help="an omni server already running (default: start one)")
+    parser.add_argument("--model", help="model folder (default: the tiny Qwen-Image pipeline)")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=32)
+    parser.add_argument("--size", default="64x64")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--compare-generation-kv",
+        action="store_true",
+        help="also run a server whose text encoder has a generation-sized KV cache",
     )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    model = None
+    if not args.url:
+        model = args.model or str(
+            build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"]
+        )
+    if not (args.compare_generation_kv and model is not None):
+        report = run_one(args, args.url, model)
+    else:
+        # Both orders (one-step first, then generation first): the server started second ran
+        # faster here in either role, so one order alone biases the ratio.
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as graph:
+            graph.write(GENERATION_KV_YAML)
+            graph.flush()
+            runs: dict[str, list[dict]] = {"one_step_kv": [], "generation_kv": []}
+            for name in ("one_step_kv", "generation_kv", "generation_kv", "one_step_kv"):
+                print(f"\n[{name}]")
+                extra = ["--stage-configs", graph.name] if name == "generation_kv" else []
+                runs[name].append(run_one(args, None, model, extra))
+        measures = {
+            "throughput_rps": lambda r: r["throughput_rps"],
+            "with_stages_pss": lambda r: r["memory_mib_after"]["with_stages_pss"],
+        }
+        pairs = list(zip(runs["one_step_kv"], runs["generation_kv"]))
+        ratios = {
+            key: statistics.geometric_mean(get(a) / get(b) for a, b in pairs)
+            for key, get in measures.items()
+        }
+        report = {**runs, "ratios_one_step_over_generation": ratios}
+        print(
+            f"\none-step KV / generation KV (geometric mean of both orders): throughput "
+            f"{ratios['throughput_rps']:.2f}x, memory with stage processes (PSS) "
+            f"{ratios['with_stages_pss']:.2f}x"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

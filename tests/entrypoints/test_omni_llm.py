@@ -49,11 +49,10 @@ def test_images_match_diffusers(omni, pipe) -> None:
     outputs = omni.generate(
         [prompt for prompt, _ in CASES], {"dit": [p for _, p in CASES][0]}, use_tqdm=False
     )
-    assert len(outputs) == 3
-    # Per-request parameters: one call per case, all in flight together.
-    futures = [omni.add_request(prompt, p) for prompt, p in CASES]
-    for (prompt, p), future in zip(CASES, futures):
-        out = future.result(timeout=120)
+    assert len(outputs) == 3 and {out.seed for out in outputs} == {CASES[0][1].seed}
+    # Per-prompt parameters, as vLLM's LLM.generate takes them: one entry per prompt.
+    outputs = omni.generate([prompt for prompt, _ in CASES], [p for _, p in CASES], use_tqdm=False)
+    for (prompt, p), out in zip(CASES, outputs):
         image = out.images[0]
         assert image.size == (p.width, p.height)
         assert out.seed == p.seed
@@ -110,6 +109,18 @@ def test_abort_frees_dit_cache_and_kv_blocks(omni) -> None:
     assert ar["kv_cache_usage"] == 0.0 and ar["num_running"] == 0
 
 
+def test_encoder_kv_cache_holds_one_step(omni) -> None:
+    """The pooling encoder keeps nothing between requests: its KV cache is sized for one step
+    (a few MiB for the tiny model), not the generation default of GiBs."""
+    kv_bytes = omni.get_stage_stats()["text_encoder"]["kv_cache_memory_bytes"]
+    assert 0 < kv_bytes < 64 << 20
+    # A prompt longer than the encoder's context is cut where diffusers' rows end, not refused.
+    long_prompt = "a cat " * 600
+    p = CASES[0][1]
+    out = omni.generate(long_prompt, p, use_tqdm=False)[0]
+    assert out.images[0].size == (p.width, p.height)
+
+
 def test_stages_overlap_across_requests(omni) -> None:
     """Stage 0 of a later request runs while stage 1 still works on an earlier one."""
     long = DiffusionSamplingParams(height=64, width=64, num_inference_steps=300, seed=2)
@@ -135,7 +146,8 @@ def test_stages_overlap_across_requests(omni) -> None:
         ("x", DiffusionSamplingParams(height=70, width=64), "height: must be a multiple of 16"),
         ("x", {"nope": None}, r"sampling_params\.nope: no such stage"),
         ("x", {"dit": "fast"}, r"sampling_params\.dit: a DiT stage takes DiffusionSamplingParams"),
-        ("x", [None], "sampling_params: a list needs one entry per stage"),
+        ("x", [None, None], r"sampling_params: a list needs one entry per prompt \(1\), got 2"),
+        ("x", [[None]], "sampling_params: one request takes one object or a dict"),
     ],
 )
 def test_bad_input_names_the_field(omni, prompt, params, message) -> None:

@@ -15,10 +15,16 @@ from typing import Any
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.engine.busy import BusyTracker
+from vllm_omni.engine.kv_sizing import one_step_kv_cache_bytes
 from vllm_omni.engine.stage_processors import PROCESSORS
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
+
+ENGINE_SHUTDOWN_TIMEOUT_S = 30.0
+"""How long the engine core may take to exit before vLLM kills it. vLLM's default, 5 s, is
+about what its worker process alone takes to exit on a 2-core CPU (the interpreter's last
+garbage collections), so the core was killed before it unlinked its shared-memory queue."""
 
 
 class ARStage:
@@ -58,8 +64,22 @@ class ARStage:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         start = time.perf_counter()
-        self.engine = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(**self.engine_args()), stat_loggers=[self._stats_recorder]
+        engine_args = AsyncEngineArgs(**self.engine_args())
+        vllm_config = engine_args.create_engine_config()
+        if self.processor is not None and engine_args.kv_cache_memory_bytes is None:
+            # An encoder keeps nothing between requests: one step's worth of KV cache, not the
+            # generation default (GiBs of memory that would never hold anything).
+            vllm_config.cache_config.kv_cache_memory_bytes = one_step_kv_cache_bytes(vllm_config)
+            logger.info(
+                "AR stage %r: KV cache %.1f MiB (one step of a pooling encoder)",
+                self.name,
+                vllm_config.cache_config.kv_cache_memory_bytes / 2**20,
+            )
+        self.engine = AsyncLLM.from_vllm_config(
+            vllm_config,
+            stat_loggers=[self._stats_recorder],
+            enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=engine_args.disable_log_stats,
         )
         logger.info("AR stage %r: vLLM engine up in %.1f s", self.name, time.perf_counter() - start)
 
@@ -111,12 +131,16 @@ class ARStage:
         return out
 
     async def _encode(self, request_id: str, inputs: dict[str, Any]) -> dict[str, Any]:
-        from vllm import PoolingParams
+        from vllm import PoolingParams, TokensPrompt
+
+        tokenizer = self.engine.get_tokenizer()
 
         async def encode(tensor_name: str, text: str):
             final = None
             params = PoolingParams(task="token_embed")
-            async for out in self.engine.encode(text, params, f"{request_id}/{tensor_name}"):
+            ids = tokenizer.encode(text)[: self.processor.max_input_tokens]
+            prompt = TokensPrompt(prompt_token_ids=ids)
+            async for out in self.engine.encode(prompt, params, f"{request_id}/{tensor_name}"):
                 final = out
             return tensor_name, self.processor.output(final.outputs.data)
 
@@ -137,6 +161,10 @@ class ARStage:
     def stats(self) -> dict[str, Any]:
         """The engine's latest scheduler state (KV cache usage, queue depths) and counters."""
         out: dict[str, Any] = {"num_finished": self.num_finished}
+        if self.engine is not None:
+            out["kv_cache_memory_bytes"] = (
+                self.engine.vllm_config.cache_config.kv_cache_memory_bytes
+            )
         last = self._scheduler_stats
         if last is not None:
             out.update(
@@ -153,7 +181,7 @@ class ARStage:
             handler = getattr(self.engine, "output_handler", None)
             if handler is not None:
                 handler.cancel()
-            self.engine.shutdown()
+            self.engine.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
             self.engine = None
 
 

@@ -124,12 +124,10 @@ class OmniEngine:
                     )
             return dict(sampling_params)
         if isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
-            if len(sampling_params) != len(self.stages):
-                raise ValueError(
-                    f"sampling_params: a list needs one entry per stage ({len(self.stages)}), "
-                    f"got {len(sampling_params)}"
-                )
-            return dict(zip(self.stages, sampling_params))
+            raise ValueError(
+                "sampling_params: one request takes one object or a dict {stage name: params}, "
+                "not a list"
+            )
         # One object: it goes to every stage of the kind it configures.
         dit = isinstance(sampling_params, DiffusionSamplingParams)
         targets = [

@@ -32,6 +32,12 @@ class PromptEncoder:
         ("negative_prompt", "negative_prompt_embeds"),
     )
 
+    @property
+    def max_input_tokens(self) -> int:
+        """The tokens that decide the rows kept: the encoder is causal, so a row depends only on
+        the tokens up to it, and longer prompts are cut here (diffusers cuts them later)."""
+        return self.drop_tokens + self.max_tokens
+
     def engine_defaults(self) -> dict[str, Any]:
         from vllm.config import PoolerConfig
 
@@ -39,6 +45,8 @@ class PromptEncoder:
             "runner": "pooling",
             "pooler_config": PoolerConfig(task="token_embed", use_activation=False),
             "limit_mm_per_prompt": {"image": 0, "video": 0},
+            # Not the model's context (128K for Qwen2.5-VL): it would size the KV cache.
+            "max_model_len": self.max_input_tokens,
         }
 
     def prompts(self, inputs: dict[str, Any]) -> dict[str, str]:

@@ -62,10 +62,20 @@ class OmniLLM:
     ) -> list[OmniRequestOutput]:
         """Run every prompt through the graph; outputs come back in prompt order.
 
-        `sampling_params`: one object for the stages it fits (e.g. DiffusionSamplingParams for
-        DiT stages), a dict {stage name: params}, or a list with one entry per stage."""
+        `sampling_params`, as in vLLM's `LLM.generate`: one entry for every prompt, or a list
+        with one entry per prompt. An entry is one object for the stages it fits (e.g.
+        DiffusionSamplingParams for DiT stages) or a dict {stage name: params}."""
         prompts = list(prompts) if isinstance(prompts, (list, tuple)) else [prompts]
-        prepared = [self.engine.prepare(p, sampling_params) for p in prompts]  # fail fast
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(
+                    f"sampling_params: a list needs one entry per prompt ({len(prompts)}), "
+                    f"got {len(sampling_params)}"
+                )
+            per_prompt = list(sampling_params)
+        else:
+            per_prompt = [sampling_params] * len(prompts)
+        prepared = [self.engine.prepare(p, sp) for p, sp in zip(prompts, per_prompt)]  # fail fast
         futures = [self._submit(self.engine.run_prepared(*x)) for x in prepared]
         bar = tqdm(total=len(futures), desc="Generating", unit="req", disable=not use_tqdm)
         try:
