@@ -20,12 +20,14 @@ from PIL import Image
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 
 from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+from ..openapi_fuzz import fuzz_operation
 from ..server import BIN, ServerProcess
 
 pytestmark = pytest.mark.engine
 
 API_KEY = "test-key"
 FAST = {"num_inference_steps": 2}
+MAX_PIXELS = 512 * 512  # --max-image-pixels; the disconnect test asks for exactly 512x512
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +43,18 @@ def server(tiny_models):
         "tiny-qwen-image",
         "--api-key",
         API_KEY,
+        "--max-image-pixels",
+        str(MAX_PIXELS),
     ]
     with ServerProcess(command, api_key=API_KEY) as server:
         yield server
+        # Stop it here, to read what it printed while shutting down.
+        server.proc.terminate()
+        server.proc.wait(timeout=60)
+        log = server.log_text()
+    # Python's resource tracker reports shared memory (or semaphores) that a process of the
+    # server created and never released: a process was killed before it cleaned up.
+    assert "leaked shared_memory" not in log and "leaked semaphore" not in log, log[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +114,8 @@ def test_concurrent_requests(client) -> None:
         ({"prompt": ""}, "prompt"),
         ({"prompt": "x", "size": "64x70"}, "size"),
         ({"prompt": "x", "size": "large"}, "size"),
+        ({"prompt": "x", "size": "064x64"}, "size"),
+        ({"prompt": " \n\t"}, "prompt"),
         ({"prompt": "x", "size": "8192x8192"}, "size"),
         ({"prompt": "x", "n": 0}, "n"),
         ({"prompt": "x", "n": 11}, "n"),
@@ -226,6 +239,11 @@ def test_chat_completions_return_the_image(client) -> None:
         ({"messages": [{"role": "system", "content": "x"}]}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
         ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": " "}]}, "messages.0.content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+            "messages.0.content",
+        ),
     ],
 )
 def test_chat_bad_input(server, body, param) -> None:
@@ -235,3 +253,86 @@ def test_chat_bad_input(server, body, param) -> None:
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+@pytest.fixture(scope="module")
+def openapi(server) -> dict:
+    r = requests.get(f"{server.url}/openapi.json", headers=server.headers, timeout=30)
+    assert r.status_code == 200
+    return r.json()
+
+
+def _size_schema(openapi: dict, body: str) -> dict:
+    return openapi["components"]["schemas"][body]["properties"]["size"]
+
+
+def test_openapi_states_this_servers_limits(openapi) -> None:
+    for body in ("ImageGenerationRequest", "ChatCompletionRequest"):
+        size = _size_schema(openapi, body)
+        assert size["x-max-pixels"] == MAX_PIXELS and size["x-size-multiple"] == 16
+        assert size["anyOf"][0]["pattern"] == r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
+
+
+def _cheap(openapi: dict, body: str) -> dict:
+    """Schema-valid values of the costly fields that keep a fuzz request to a fraction of a
+    second: small sizes that obey the published multiple and pixel limit, 1-2 images of 1-2
+    steps. Sizes are always sent: the model's default (1024x1024) is slow on this CPU."""
+    size = _size_schema(openapi, body)
+    sides = range(size["x-size-multiple"], 64 + 1, size["x-size-multiple"])
+    sizes = [f"{w}x{h}" for w in sides for h in sides if w * h <= size["x-max-pixels"]]
+    small_int = {"type": "integer", "minimum": 1, "maximum": 2}
+    return {"size": {"enum": sizes}, "n": small_int, "num_inference_steps": small_int}
+
+
+def _is_png(b64: str) -> bool:
+    return base64.b64decode(b64[:12]).startswith(b"\x89PNG")
+
+
+def _check_images_reply(body: dict, reply: dict) -> None:
+    n = body.get("n", 1)
+    assert len(reply["data"]) == n and reply["size"] == body["size"]
+    assert all(_is_png(item["b64_json"]) for item in reply["data"])
+    if body.get("seed") is not None:  # seed, seed + 1, ... wrapping at 2**63
+        assert [item["seed"] for item in reply["data"]] == [
+            (body["seed"] + i) % 2**63 for i in range(n)
+        ]
+
+
+def _check_chat_reply(body: dict, reply: dict) -> None:
+    parts = reply["choices"][0]["message"]["content"]
+    assert len(parts) == body.get("n", 1)
+    prefix = "data:image/png;base64,"
+    assert all(_is_png(p["image_url"]["url"].removeprefix(prefix)) for p in parts)
+
+
+POSITIVE_EXAMPLES = 20  # each runs the model (text encoder, 1-2 DiT steps, <= 64x64)
+NEGATIVE_EXAMPLES = 60  # each is refused in milliseconds
+MIN_ACCEPTED = 0.9
+"""Schema-valid bodies answered 2xx, at least: the schema states what the server enforces."""
+
+
+@pytest.mark.parametrize(
+    "path, body, check_ok",
+    [
+        ("/v1/images/generations", "ImageGenerationRequest", _check_images_reply),
+        ("/v1/chat/completions", "ChatCompletionRequest", _check_chat_reply),
+    ],
+    ids=["images", "chat"],
+)
+def test_fuzz_request_bodies_from_the_published_schema(
+    server, openapi, path, body, check_ok
+) -> None:
+    tally = fuzz_operation(
+        server.url,
+        server.headers,
+        openapi,
+        path,
+        cheap=_cheap(openapi, body),
+        check_ok=check_ok,
+        positive_examples=POSITIVE_EXAMPLES,
+        negative_examples=NEGATIVE_EXAMPLES,
+    )
+    print(f"{path}: {tally}")  # -s shows how many ran and why valid ones were refused
+    assert tally.valid == POSITIVE_EXAMPLES and tally.invalid == NEGATIVE_EXAMPLES
+    assert tally.accepted_fraction >= MIN_ACCEPTED, tally
+    assert requests.get(f"{server.url}/health", headers=server.headers).status_code == 200

@@ -53,10 +53,16 @@ def request_slo(extra_args: Mapping[str, Any] | None, defaults: SLOTargets) -> S
             values[arg] = default
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"vllm_xargs.{arg}: must be a positive number of ms, got {value!r}")
-        if not math.isfinite(value):
-            raise ValueError(f"vllm_xargs.{arg}: must be finite, got {value!r}")
-        values[arg] = value / 1000
+            raise ValueError(
+                f"vllm_xargs.{arg}: must be a positive number of ms, got {value!r:.40}"
+            )
+        try:
+            ms = float(value)
+        except OverflowError:  # an int too large for any float
+            ms = math.inf
+        if not math.isfinite(ms):
+            raise ValueError(f"vllm_xargs.{arg}: must be finite, got {value!r:.40}")
+        values[arg] = ms / 1000  # may round to 0.0 for a subnormal ms: relative_slack copes
     return SLOTargets(ttft_s=values[TTFT_SLO_ARG], tpot_s=values[TPOT_SLO_ARG])
 
 
@@ -81,6 +87,8 @@ def relative_slack(demand: PrefillDemand, now: float, step_s: float, pp_size: in
     pipeline's other stages (pp_size - 1 steps)."""
     if demand.ttft_s is None:
         return math.inf
+    if demand.ttft_s <= 0:  # a positive SLO in ms so small that it is 0.0 s: as late as can be
+        return -math.inf
     predicted = demand.remaining_cost + (pp_size - 1) * step_s
     return (demand.arrival + demand.ttft_s - now - predicted) / demand.ttft_s
 

@@ -61,6 +61,7 @@ class DiTStage:
         self._tokens = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._process = None
+        self._reader: threading.Thread | None = None
         self._ready: asyncio.Future | None = None
 
     @property
@@ -86,7 +87,10 @@ class DiTStage:
         )
         start = time.perf_counter()
         self._process.start()
-        threading.Thread(target=self._read, name=f"DiTReader-{self.name}", daemon=True).start()
+        self._reader = threading.Thread(
+            target=self._read, name=f"DiTReader-{self.name}", daemon=True
+        )
+        self._reader.start()
         self.info = await asyncio.wait_for(self._ready, START_TIMEOUT_S)
         logger.info("DiT stage %r: up in %.1f s", self.name, time.perf_counter() - start)
 
@@ -208,7 +212,15 @@ class DiTStage:
             self._process.kill()
             self._process.join()
         self._outbox.put(None)
-        self._process = None
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        # Unlink the queues' semaphores now, by dropping the last references to them.
+        # multiprocessing would at interpreter exit, but uvicorn ends a server by re-raising the
+        # SIGTERM it got, which skips that: Python's resource tracker then reports them leaked.
+        for q in (self._inbox, self._outbox):
+            q.close()
+            q.join_thread()
+        self._process = self._inbox = self._outbox = None
 
 
 def _runs_on_cpu(config) -> bool:

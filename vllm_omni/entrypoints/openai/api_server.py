@@ -25,11 +25,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import REGISTRY, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
 from vllm_omni.entrypoints.openai.protocol import (
+    MAX_SEED,
     ChatCompletionRequest,
     ImageGenerationRequest,
     ImageOptions,
@@ -106,9 +108,36 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
     if config.api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema plus the size limits of this server, which JSON schema cannot
+        state (see protocol.py). FastAPI builds it on the first GET /openapi.json, after
+        startup, when the graph (and so the size multiple) is known."""
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)  # builds and caches app.openapi_schema
+            _integer_bounds(schema)
+            limits: dict[str, int] = {"x-max-pixels": config.max_pixels}
+            if state["omni"] is not None:
+                limits["x-size-multiple"] = _size_multiple(state["omni"])
+            for body in ("ImageGenerationRequest", "ChatCompletionRequest"):
+                schema["components"]["schemas"][body]["properties"]["size"].update(limits)
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own refusals (a body that is not UTF-8, an unknown route, a wrong method)
+        # in OpenAI's error shape too, not FastAPI's {"detail": ...}.
+        kind = "invalid_request_error" if exc.status_code < 500 else "internal_error"
+        body = error_body(str(exc.detail), kind=kind, code=exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         first = exc.errors()[0]
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            error = first.get("ctx", {}).get("error", "")
+            return _bad_request(f"the body is not valid JSON: {error}".rstrip(": "), None)
         loc = [str(part) for part in first.get("loc", ()) if part != "body"]
         param = ".".join(loc) or None
         message = first.get("msg", "invalid request").removeprefix("Value error, ")
@@ -196,12 +225,7 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         start = time.monotonic()
-        try:
-            text = body.prompt()
-        except ValueError as e:
-            metrics.requests.labels("chat", "rejected").inc()
-            return _bad_request(str(e), "messages")
-        outputs, error = await run_images("chat", request, _prompt(text, body), body)
+        outputs, error = await run_images("chat", request, _prompt(body.prompt(), body), body)
         if error is not None:
             return error
         finished("chat", start, len(outputs))
@@ -229,6 +253,25 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
     return app
 
 
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _integer_bounds(node: Any) -> None:
+    """Integer schemas get their bounds back as integers, in place: FastAPI's OpenAPI model
+    holds every bound as a float (`1000.0`), which reads as a fraction to some clients and
+    cannot hold every int64 exactly."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            for key in _BOUNDS:
+                if isinstance(node.get(key), float) and node[key].is_integer():
+                    node[key] = int(node[key])
+        for value in node.values():
+            _integer_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _integer_bounds(value)
+
+
 def _prompt(text: str, body: ImageOptions) -> dict[str, str]:
     prompt = {"prompt": text}
     if body.negative_prompt is not None:
@@ -239,7 +282,8 @@ def _prompt(text: str, body: ImageOptions) -> dict[str, str]:
 def _diffusion_params(
     body: ImageOptions, omni: AsyncOmniLLM, config: ServerConfig
 ) -> list[DiffusionSamplingParams]:
-    """One parameter set per image: `n` images get seeds seed, seed+1, ... (or fresh ones)."""
+    """One parameter set per image: `n` images get seeds seed, seed+1, ... mod 2**63 (or
+    fresh ones)."""
     size = body.parsed_size()
     kwargs: dict[str, Any] = {}
     if size is not None:
@@ -257,7 +301,10 @@ def _diffusion_params(
         kwargs["num_inference_steps"] = body.num_inference_steps
     if body.true_cfg_scale is not None:
         kwargs["true_cfg_scale"] = body.true_cfg_scale
-    seeds = [None] * body.n if body.seed is None else [body.seed + i for i in range(body.n)]
+    if body.seed is None:
+        seeds = [None] * body.n
+    else:  # wrapping, so that every seed the schema allows works with every n
+        seeds = [(body.seed + i) % MAX_SEED for i in range(body.n)]
     return [DiffusionSamplingParams(seed=seed, **kwargs) for seed in seeds]
 
 

@@ -1,36 +1,99 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Request and error bodies of the OpenAI Images API, as the omni server accepts them."""
+"""Request and error bodies of the OpenAI Images API, as the omni server accepts them.
+
+The published OpenAPI schema (/openapi.json) states what the server enforces, so that a client
+(or a fuzzer) that follows it is accepted: patterns for `size` and the prompts, the user message
+that chat needs, `modalities: ["image"]`. What JSON schema cannot say (the size multiple and the
+pixel limit of the server at hand) is in `size`'s description and its `x-size-multiple` and
+`x-max-pixels` keys, which the server fills in (api_server.py).
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MAX_N = 10
-SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)$")
+MAX_SEED = 2**63  # exclusive: torch.Generator.manual_seed takes any int64 >= 0
+SIZE_PATTERN = r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
+"""WIDTHxHEIGHT in ASCII digits, no leading zeros; checked with re.fullmatch, so that a trailing
+newline is refused as JSON schema's (ECMA) `$` would refuse it."""
+NON_BLANK_PATTERN = r"\S"  # a JSON schema pattern is a search: "has a non-whitespace character"
+
+
+def _on_string(**keywords: Any) -> Callable[[dict[str, Any]], None]:
+    """json_schema_extra that adds `keywords` to the string schema of a field, also when the
+    field is `str | None` (there pydantic makes an anyOf with a null branch)."""
+
+    def update(schema: dict[str, Any]) -> None:
+        for branch in schema.get("anyOf", [schema]):
+            if branch.get("type") == "string":
+                branch.update(keywords)
+
+    return update
+
+
+def _int_fields(model: type[BaseModel]) -> set[str]:
+    return {name for name, f in model.model_fields.items() if f.annotation in (int, int | None)}
+
+
+def _has_text(text: str) -> bool:
+    return re.search(NON_BLANK_PATTERN, text) is not None
 
 
 class ImageOptions(BaseModel):
     """What an image request may say about the image. Types are strict: `"n": "2"` is an
-    error, not 2. Unknown fields are errors too."""
+    error, not 2 (`"n": 2.0` is 2: JSON numbers). Unknown fields are errors too."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
-    size: str | None = None
+    n: int = Field(
+        1, ge=1, le=MAX_N, description="Images to make; they get seeds seed, seed+1, ..."
+    )
+    size: str | None = Field(
+        None,
+        description="WIDTHxHEIGHT in pixels, e.g. '512x512' (default: the model's). Width and "
+        "height must be multiples of `x-size-multiple` (16 for Qwen-Image), and width * height "
+        "at most `x-max-pixels` (the server's --max-image-pixels).",
+        json_schema_extra=_on_string(pattern=SIZE_PATTERN),
+    )
     user: str | None = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    seed: int | None = Field(
+        None, ge=0, lt=MAX_SEED, description="Image i gets seed (seed + i) mod 2**63."
+    )
     num_inference_steps: int | None = Field(None, ge=1, le=1000)
     negative_prompt: str | None = None
-    true_cfg_scale: float | None = Field(None, ge=0)
+    true_cfg_scale: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_floats_are_ints(cls, data: Any) -> Any:
+        # JSON has one number type, and JSON schema's "integer" includes 7.0: take it as 7.
+        # (A plain int field with a BeforeValidator would do this too, but pydantic then
+        # publishes its bounds as "ge"/"le", which JSON schema does not know.) "7" stays an error.
+        if not isinstance(data, dict):
+            return data
+        ints = _int_fields(cls)
+        return {
+            k: int(v) if k in ints and isinstance(v, float) and v.is_integer() else v
+            for k, v in data.items()
+        }
 
     @field_validator("size")
     @classmethod
     def _size_format(cls, value: str | None) -> str | None:
-        if value is not None and not SIZE_PATTERN.match(value):
+        if value is not None and not re.fullmatch(SIZE_PATTERN, value):
             raise ValueError("must be 'WIDTHxHEIGHT', e.g. '512x512'")
         return value
 
@@ -38,7 +101,7 @@ class ImageOptions(BaseModel):
         """(width, height), or None for the model's default."""
         if self.size is None:
             return None
-        width, height = SIZE_PATTERN.match(self.size).groups()
+        width, height = self.size.split("x")
         return int(width), int(height)
 
 
@@ -46,7 +109,7 @@ class ImageGenerationRequest(ImageOptions):
     """POST /v1/images/generations: OpenAI's fields, plus `seed`, `num_inference_steps`,
     `negative_prompt` and `true_cfg_scale` (send them with the client's `extra_body`)."""
 
-    prompt: str
+    prompt: str = Field(json_schema_extra=_on_string(minLength=1, pattern=NON_BLANK_PATTERN))
     response_format: Literal["b64_json"] = "b64_json"
     output_format: Literal["png"] = "png"
     quality: str | None = None  # accepted for compatibility; the model decides quality
@@ -55,7 +118,7 @@ class ImageGenerationRequest(ImageOptions):
     @field_validator("prompt")
     @classmethod
     def _prompt_not_empty(cls, value: str) -> str:
-        if not value.strip():
+        if not _has_text(value):
             raise ValueError("must not be empty")
         return value
 
@@ -67,11 +130,42 @@ class TextPart(BaseModel):
     text: str
 
 
+_USER_TEXT = {
+    "anyOf": [
+        {"type": "string", "pattern": NON_BLANK_PATTERN},
+        {
+            "type": "array",
+            "contains": {
+                "required": ["text"],
+                "properties": {"text": {"pattern": NON_BLANK_PATTERN}},
+            },
+        },
+    ]
+}
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """A user message needs text (the prompt is the last one's); others may be empty."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "if": {"properties": {"role": {"const": "user"}}},
+            "then": {"properties": {"content": _USER_TEXT}},
+        },
+    )
 
     role: Literal["system", "user", "assistant"]
     content: str | list[TextPart]
+
+    @field_validator("content")
+    @classmethod
+    def _user_has_text(cls, value: str | list[TextPart], info: ValidationInfo):
+        text = value if isinstance(value, str) else "\n".join(part.text for part in value)
+        if info.data.get("role") == "user" and not _has_text(text):
+            raise ValueError("a user message needs text (the last one is the prompt)")
+        return value
 
     @property
     def text(self) -> str:
@@ -84,14 +178,34 @@ class ChatCompletionRequest(ImageOptions):
     """POST /v1/chat/completions on an image model: the last user message is the prompt and
     the reply's content is the image(s), as `image_url` parts with PNG data URLs."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
-    modalities: list[Literal["image", "text"]] = ["image"]
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        json_schema_extra={
+            "contains": {"required": ["role"], "properties": {"role": {"const": "user"}}}
+        },
+    )
+    # list[str], not list[Literal["image"]]: the validator's message says what to send instead.
+    modalities: list[str] = Field(
+        ["image"],
+        json_schema_extra={
+            "items": {"type": "string", "const": "image"},
+            "minItems": 1,
+            "maxItems": 1,
+        },
+    )
     stream: Literal[False] = False
     # Text-generation knobs a client may send by habit; they do not apply to images.
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _has_user_message(cls, value: list[ChatMessage]) -> list[ChatMessage]:
+        if not any(m.role == "user" for m in value):
+            raise ValueError("needs a user message with the prompt")
+        return value
 
     @field_validator("modalities")
     @classmethod
@@ -101,10 +215,8 @@ class ChatCompletionRequest(ImageOptions):
         return value
 
     def prompt(self) -> str:
-        users = [m for m in self.messages if m.role == "user"]
-        if not users or not users[-1].text.strip():
-            raise ValueError("messages: needs a last user message with text")
-        return users[-1].text
+        """The last user message (validation made sure there is one, with text)."""
+        return [m for m in self.messages if m.role == "user"][-1].text
 
 
 def error_body(
