@@ -182,7 +182,9 @@ def slo_ceilings(
 def slo_inputs(path: Path | None, unloaded_ms: str | None, during: float | None):
     unloaded = [float(x) / 1000 for x in unloaded_ms.split(",")] if unloaded_ms else None
     if path:
-        runs = json.loads(path.read_text()).get("CPP+SLO", {})
+        data = json.loads(path.read_text())
+        data = data.get("3x", data)  # slo_mixed.py files keyed by SLO regime, or older ones
+        runs = data.get("CPP+SLO", {})
         counts = [(r["num_short_during_long"], r["num_short"]) for r in runs.values()]
         if during is None and counts:
             during = sum(a for a, _ in counts) / sum(b for _, b in counts)

