@@ -19,6 +19,8 @@ import argparse
 import time
 from pathlib import Path
 
+from vllm_omni.engine.ar_stage import ENGINE_SHUTDOWN_TIMEOUT_S
+
 PROMPTS = [
     "What does pipeline parallelism do?",
     "Write one sentence about a diffusion transformer.",
@@ -42,6 +44,8 @@ def run_chat(
     start = time.perf_counter()
     outputs = llm.chat(conversations, params)
     elapsed = time.perf_counter() - start
+    # Shut the engine down now, with time to unlink its shared memory (see ARStage).
+    llm.llm_engine.engine_core.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
     del llm
     return outputs, elapsed
 
