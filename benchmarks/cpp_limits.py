@@ -15,7 +15,8 @@ Takes the CPP cost model calibrated on this machine (per stage of the tiny 8-lay
    table's step records, the ratios from the last file that has them, so that the order-fair
    `--both-orders` file can follow the paired one).
 2. SLO scheduling (the SLO issue). For step lengths s, the best-case share of short requests
-   arriving during a long prefill that meet 3x their unloaded TTFT, against how much longer the
+   arriving during a long prefill that meet their TTFT SLO (both of slo_mixed.py's regimes: 3x
+   their unloaded TTFT; max(1 s, 5x) for "interactive"), against how much longer the
    long prefills take when every step must fit s; then the best overall attainment any step
    length allows while long prompts stay within 1.3x of solo. Unloaded TTFTs and the share of
    short requests arriving during long prefills come from a `slo_mixed.py --json` file
@@ -41,17 +42,23 @@ LENGTHS = (8192, 16384, 32768)
 FIXED = (256, 512, 1024, 2048, 4096)
 TARGETS = {"vs_pp1": 1.90, "vs_best_fixed": 1.03, "vs_2048_at_16k": 1.15}
 MEASURED_KEYS = {"vs_pp1": "cpp_vs_pp1", "vs_best_fixed": "cpp_vs_best_fixed"}
-STEP_LENGTHS_MS = (20, 25, 30, 35, 40, 45, 50, 55, 60, 75, 100, 150)
+STEP_LENGTHS_MS = (20, 25, 30, 35, 40, 45, 50, 55, 60, 75, 100, 150, 200, 300, 400, 500, 750, 1000)
+# slo_mixed.py's regimes: a short request's TTFT SLO is max(floor, factor x its unloaded TTFT).
+REGIMES = {"3x": (3.0, 0.0), "interactive": (5.0, 1.0)}
 # Measured by slo_mixed.py (CPP+SLO server, session 3), for JSON files from before it saved them.
 DEFAULT_UNLOADED_TTFT_MS = (28.8, 45.6, 58.4, 61.6)
 
 
 def default_cost_model_path() -> Path:
+    import torch
+
     from vllm_omni.cpp.cost_model_source import calibration_path
     from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+    from vllm_omni.platform.cpu_dtype import resolved_on_this_cpu
 
     model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
-    return calibration_path(model, PP, "torch.bfloat16", "cpu")
+    # The dtype the benchmarks' engines run in (dtype auto on this CPU).
+    return calibration_path(model, PP, str(resolved_on_this_cpu(torch.bfloat16)), "cpu")
 
 
 def merge_measured(files: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -127,12 +134,15 @@ def slo_ceilings(
     during_long: float,
     longs: list[int],
     max_long_ratio: float,
+    regime: str = "3x",
 ) -> dict[str, Any]:
+    slo_factor, slo_floor_s = REGIMES[regime]
     solo = {n: best_plan(n, cost_model, PP).makespan for n in longs}
     rows = []
     print(
-        f"\nSLO scheduling: short requests' unloaded TTFT {[round(u * 1e3, 1) for u in unloaded_s]}"
-        f" ms, {during_long:.0%} of them arriving during a long prefill"
+        f"\nSLO scheduling, {regime} regime: short requests' unloaded TTFT "
+        f"{[round(u * 1e3, 1) for u in unloaded_s]} ms, {during_long:.0%} of them arriving "
+        "during a long prefill"
     )
     print(
         f"  {'step ms':>7s} {'short ok during long':>20s} {'short ok overall':>16s}   "
@@ -140,7 +150,7 @@ def slo_ceilings(
     )
     for step_ms in STEP_LENGTHS_MS:
         step = step_ms / 1000
-        during = short_ttft_attainment(step, unloaded_s)
+        during = short_ttft_attainment(step, unloaded_s, slo_factor, slo_floor_s)
         ratios = {}
         for n in longs:
             chunks = capped_plan(n, cost_model, step)
@@ -172,6 +182,7 @@ def slo_ceilings(
             "(target 95%)"
         )
     return {
+        "regime": regime,
         "unloaded_ttft_s": unloaded_s,
         "during_long": during_long,
         "rows": rows,
@@ -179,11 +190,13 @@ def slo_ceilings(
     }
 
 
-def slo_inputs(path: Path | None, unloaded_ms: str | None, during: float | None):
+def slo_inputs(
+    path: Path | None, unloaded_ms: str | None, during: float | None, regime: str = "3x"
+):
     unloaded = [float(x) / 1000 for x in unloaded_ms.split(",")] if unloaded_ms else None
     if path:
         data = json.loads(path.read_text())
-        data = data.get("3x", data)  # slo_mixed.py files keyed by SLO regime, or older ones
+        data = data.get(regime, data)  # slo_mixed.py files keyed by SLO regime, or older ones
         runs = data.get("CPP+SLO", {})
         counts = [(r["num_short_during_long"], r["num_short"]) for r in runs.values()]
         if during is None and counts:
@@ -222,12 +235,16 @@ def main(argv: list[str] | None = None) -> None:
         "pp": PP,
         "targets": TARGETS,
         "prefill": prefill_ceilings(cost_model, measured),
-        "slo": slo_ceilings(
-            cost_model,
-            *slo_inputs(args.slo, args.unloaded_ttft_ms, args.during_long),
-            [int(x) for x in args.longs.split(",")],
-            args.max_long_ratio,
-        ),
+        "slo": {
+            regime: slo_ceilings(
+                cost_model,
+                *slo_inputs(args.slo, args.unloaded_ttft_ms, args.during_long, regime),
+                [int(x) for x in args.longs.split(",")],
+                args.max_long_ratio,
+                regime,
+            )
+            for regime in REGIMES
+        },
     }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -403,7 +403,13 @@ def main() -> None:
 
     model = args.model or str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     model_len = max(args.lengths) + 64
-    cal_path = calibration_path(model, 2, "torch.bfloat16", "cpu")
+    import torch
+
+    from vllm_omni.platform.cpu_dtype import resolved_on_this_cpu
+
+    # The engines run at dtype auto: the bf16 checkpoint's dtype, or float32 on a CPU without
+    # native bf16 (vllm_omni's CPU default); calibrations are kept per dtype.
+    cal_path = calibration_path(model, 2, str(resolved_on_this_cpu(torch.bfloat16)), "cpu")
     if not cal_path.is_file():
         from vllm_omni.cpp.calibrate import calibrate
 

@@ -89,12 +89,13 @@ def token_ids(rng: random.Random, n: int) -> list[int]:
 
 
 class Server:
-    def __init__(self, model: str, extra: list[str]) -> None:
+    def __init__(self, model: str, extra: list[str], dtype: str) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="slo-", suffix=".log")
+        # Kept if the server dies (its path is printed then), removed after a clean stop.
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="slo-", suffix=".log", delete=False)
         cmd = [
             str(Path(sys.executable).parent / "vllm-omni"),
             "serve",
@@ -110,6 +111,8 @@ class Server:
             str(self.port),
             "--served-model-name",
             "m",
+            "--dtype",
+            dtype,
             *extra,
         ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -126,9 +129,14 @@ class Server:
         raise TimeoutError("server did not start")
 
     def stop(self) -> None:
+        died = self.proc.poll() is not None
         self.proc.terminate()
         self.proc.wait(timeout=60)
         self.log.close()
+        if died:
+            print(f"the server had exited ({self.proc.returncode}); its log: {self.log.name}")
+        else:
+            Path(self.log.name).unlink()
 
     def complete(self, sample: Sample, prompt: list[int], priority: int, xargs: dict) -> None:
         body = {
@@ -297,15 +305,27 @@ def main() -> None:
         "--longs", default="16384,24576,32768,16384", help="long prompts, spread over the trace"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype", default="auto", help="as vLLM's; auto is float32 on CPUs without native bf16"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     longs = [int(x) for x in args.longs.split(",")]
     regimes = args.regimes.split(",")
     model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
+    dtype = args.dtype
+    if dtype == "auto":  # what the server picks for the bf16 checkpoint (vllm_omni's CPU default)
+        import torch
+
+        from vllm_omni.platform.cpu_dtype import resolved_on_this_cpu
+
+        dtype = str(resolved_on_this_cpu(torch.bfloat16)).removeprefix("torch.")
+    print(f"dtype: {dtype}", flush=True)
+    ensure_calibration(model, dtype, max(longs))
     # results[regime][config][load]
     results: dict[str, dict[str, dict]] = {r: {} for r in regimes}
     for name in args.configs.split(","):
-        server = Server(model, CONFIGS[name])
+        server = Server(model, CONFIGS[name], args.dtype)
         reads_slos = "--cpp-slo" in CONFIGS[name]
         try:
             ttft, tpot, solo = unloaded(server, random.Random(args.seed + 99), longs)
@@ -329,6 +349,7 @@ def main() -> None:
                         measured = samples
                     summary = summarize(samples, wall, solo)
                     results[regime].setdefault(name, {})[load] = summary
+                    summary["dtype"] = dtype
                     summary["unloaded_ttft_s"] = {str(n): t for n, t in ttft.items()}
                     summary["solo_long_ttft_s"] = {str(n): t for n, t in solo.items()}
                     summary["client_ttft_met"] = sum(s.ttft_ok for s in samples)
@@ -353,6 +374,23 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def ensure_calibration(model: str, dtype: str, max_context: int) -> None:
+    """CPP+SLO judges SLOs in seconds, which needs a cost model calibrated on this machine (the
+    analytic one counts FLOPs): calibrate once if there is none for this model, PP=2 and dtype."""
+    from vllm_omni.cpp.cost_model_source import calibration_path
+
+    path = calibration_path(model, 2, f"torch.{dtype}", "cpu")
+    if path.is_file():
+        print(f"CPP cost model: {path}", flush=True)
+        return
+    print("no CPP calibration for this model and dtype yet: calibrating (cached)", flush=True)
+    subprocess.run(
+        [sys.executable, "-m", "vllm_omni.cpp.calibrate", model, "-pp", "2", "--dtype", dtype,
+         "--max-context", str(max_context)],
+        check=True,
+    )  # fmt: skip
 
 
 def print_table(regime: str, results: dict[str, dict], loads: list[str]) -> None:

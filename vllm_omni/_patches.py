@@ -30,6 +30,15 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
    SCOPE: engines with `additional_config["cpp"]`, PP>1, no async scheduling; everything else
         gets vLLM's value unchanged. All platforms.
    REMOVE: when vLLM lets the batch-queue depth be configured (or schedules PP steps ahead).
+
+4. cpu_auto_dtype - `vllm.config.model._resolve_auto_dtype`
+   WHY: `--dtype auto` takes the checkpoint's bfloat16 even on x86 CPUs without AVX512_BF16/AMX,
+        where every bf16 kernel converts to float32 and back: prefill 1.4x (16K tokens) to 4.6x
+        (512) slower than in float32 on an AVX2-only EPYC (`benchmarks/cpu_dtype.py`).
+   SCOPE: CPU platform, x86 Linux, `--dtype auto` only (an explicit dtype never reaches this
+        function); bfloat16/float16 become float32 where the CPU lacks that type's instructions
+        (`vllm_omni.platform.cpu_dtype`).
+   REMOVE: when vLLM's CPU platform lists only natively supported 16-bit dtypes.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,7 +58,7 @@ logger = init_logger(__name__)
 @dataclass(frozen=True)
 class Patch:
     name: str
-    owner: type
+    owner: type | types.ModuleType
     attr: str
     fingerprint: str
     """First 12 hex digits of sha256 over the source of the vLLM function being wrapped."""
@@ -81,7 +91,7 @@ class Patch:
                 "vllm_omni: not applying patch %s: %s.%s changed in this vLLM (fingerprint %s, "
                 "expected %s)",
                 self.name,
-                self.owner.__qualname__,
+                getattr(self.owner, "__qualname__", self.owner.__name__),
                 self.attr,
                 self.current_fingerprint(),
                 self.fingerprint,
@@ -136,7 +146,17 @@ def _wrap_max_concurrent_batches(original: Callable) -> Callable:
     return max_concurrent_batches
 
 
+def _wrap_resolve_auto_dtype(original: Callable) -> Callable:
+    def resolve_auto_dtype(*args, **kwargs):
+        from vllm_omni.platform.cpu_dtype import resolve_auto_dtype_on_cpu
+
+        return resolve_auto_dtype_on_cpu(original(*args, **kwargs))
+
+    return resolve_auto_dtype
+
+
 def all_patches() -> list[Patch]:
+    import vllm.config.model
     from vllm.config import VllmConfig
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -165,6 +185,13 @@ def all_patches() -> list[Patch]:
             _wrap_max_concurrent_batches,
             kind="property",
             cpu_only=False,
+        ),
+        Patch(
+            "cpu_auto_dtype",
+            vllm.config.model,
+            "_resolve_auto_dtype",
+            "fe04784e85b5",
+            _wrap_resolve_auto_dtype,
         ),
     ]
 

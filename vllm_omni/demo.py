@@ -3,10 +3,11 @@
 
 Builds the tiny models (once), then
 1. generates chat replies through vLLM with pipeline parallelism (PP=2, one CPU core per stage
-   here) at the model's own dtype, then checks PP=2 against PP=1 in float32 - the same greedy
-   tokens. (The comparison is made in float32 because the random-weight model has near-ties
-   between its top tokens that bfloat16 rounds into exact ties, which batch shapes and CPU
-   kernels then break either way: an AVX2-only CPU disagreed at bfloat16.);
+   here) at `dtype auto` (the model's bfloat16, or float32 on a CPU without native bfloat16),
+   then checks PP=2 against PP=1 in float32 - the same greedy tokens. (The comparison is made
+   in float32 because the random-weight model has near-ties between its top tokens that
+   bfloat16 rounds into exact ties, which batch shapes and CPU kernels then break either way:
+   an AVX2-only CPU disagreed at bfloat16.);
 2. generates images with OmniLLM on the tiny Qwen-Image pipeline (text encoder on a vLLM engine,
    DiT in its own process), saves them as PNG and checks one against diffusers' own pipeline.
 The models have random weights, so replies are gibberish and images are noise-like patterns;
@@ -30,7 +31,8 @@ PROMPTS = [
 
 def run_chat(
     model: str, pipeline_parallel_size: int, max_tokens: int, dtype: str = "auto"
-) -> tuple[list, float]:
+) -> tuple[list, float, str]:
+    """Greedy replies to PROMPTS, the seconds they took, and the dtype the engine ran in."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -44,23 +46,25 @@ def run_chat(
     start = time.perf_counter()
     outputs = llm.chat(conversations, params)
     elapsed = time.perf_counter() - start
+    ran_in = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     # Shut the engine down now, with time to unlink its shared memory (see ARStage).
     llm.llm_engine.engine_core.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
     del llm
-    return outputs, elapsed
+    return outputs, elapsed, ran_in
 
 
 def run_pipeline_parallel(model: str, max_tokens: int) -> bool:
-    """PP=2 replies at the model's dtype, then PP=2 against PP=1 in float32."""
+    """PP=2 replies at dtype auto, then PP=2 against PP=1 in float32."""
     if _visible_gpus() == 1:
         print("[demo] one GPU: pipeline parallelism needs two; showing PP=1 only")
-        replies, seconds = run_chat(model, 1, max_tokens)
+        replies, seconds, _ = run_chat(model, 1, max_tokens)
         _print_replies("vLLM, pipeline_parallel_size=1", replies, seconds)
         return True
-    replies, seconds = run_chat(model, 2, max_tokens)
-    _print_replies("vLLM, pipeline_parallel_size=2, the model's dtype", replies, seconds)
-    pp2, _ = run_chat(model, 2, max_tokens, dtype="float32")
-    pp1, _ = run_chat(model, 1, max_tokens, dtype="float32")
+    replies, seconds, dtype = run_chat(model, 2, max_tokens)
+    _print_replies(f"vLLM, pipeline_parallel_size=2, dtype auto ({dtype})", replies, seconds)
+    # On a CPU without native bf16, auto already is float32 (vllm_omni's CPU default).
+    pp2 = replies if dtype == "float32" else run_chat(model, 2, max_tokens, dtype="float32")[0]
+    pp1, _, _ = run_chat(model, 1, max_tokens, dtype="float32")
     same = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(pp1, pp2))
     print(f"[demo] float32: PP=2 greedy tokens identical to PP=1: {same}")
     if not same:

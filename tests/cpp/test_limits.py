@@ -80,6 +80,8 @@ def test_short_ttft_attainment():
     assert limits.short_ttft_attainment(0.01, [0.1]) == 1.0
     assert limits.short_ttft_attainment(0.25, [0.1]) == 0.0
     assert limits.short_ttft_attainment(0.2, [0.1, 1.0]) == pytest.approx((0.25 + 1.0) / 2)
+    # The interactive regime: max(1 s, 5u); 1 s - 0.05 - 0.5 leaves 0.45 s of a 0.5 s step.
+    assert limits.short_ttft_attainment(0.5, [0.1], 5.0, 1.0) == pytest.approx(0.9)
     with pytest.raises(ValueError, match="unloaded_ttft_s"):
         limits.short_ttft_attainment(0.1, [])
     with pytest.raises(ValueError, match="step_s"):

@@ -113,6 +113,22 @@ def test_a_second_prefill_gets_what_is_left_of_the_step():
     assert scheduler._reserve_prefill_lookahead(c, 0, TOKEN_BUDGET) == chunk_a
 
 
+def test_a_step_its_first_prefill_overfilled_admits_no_other():
+    # The first prefill of a step progresses by at least one block, over budget if need be; a
+    # second prefill then finds less than nothing left. It waits: under load on an AVX2 CPU
+    # it raised instead ("budget must be >= 0") and the engine died.
+    scheduler = make_scheduler()
+    new_step(scheduler)
+    long = SimpleNamespace(request_id="long", num_tokens=40000, sampling_params=None)
+    scheduler._prefill_budgets["long"] = scheduler.cost_model.chunk_cost(8, 30000)
+    assert scheduler._reserve_prefill_lookahead(long, 30000, TOKEN_BUDGET) == 16
+    assert scheduler._step_budget_left < 0
+    short = SimpleNamespace(request_id="short", num_tokens=300, sampling_params=None)
+    assert scheduler._reserve_prefill_lookahead(short, 0, 300) == 0
+    new_step(scheduler)
+    assert scheduler._reserve_prefill_lookahead(short, 0, 300) > 0
+
+
 def test_short_prompt_runs_whole_and_tail_is_merged():
     scheduler = make_scheduler(CPPConfig(min_chunk=256))
     assert prefill(scheduler, 40, "short") == [40]

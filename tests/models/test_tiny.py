@@ -4,7 +4,6 @@ load and run what it writes."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import json
@@ -17,6 +16,8 @@ import torch
 from vllm_omni.models import tiny
 from vllm_omni.models import tiny_tokenizer as tt
 
+from ..hf_reference import MIN_LOGIT_GAP, greedy_with_gap, one_thread
+
 LMS = ["llama-8l", "qwen2-2l"]
 PROMPTS = [
     "The quick brown fox",
@@ -25,7 +26,6 @@ PROMPTS = [
     "1 2 3 4 5",
 ]
 NEW_TOKENS = 16
-MIN_LOGIT_GAP = 1e-3
 
 
 def _file_digests(folder: Path) -> dict[str, str]:
@@ -34,19 +34,6 @@ def _file_digests(folder: Path) -> dict[str, str]:
         for f in sorted(folder.rglob("*"))
         if f.is_file()
     }
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Run torch on one thread. These models are too small to gain from two, and on this 2-core
-    machine two OpenMP threads sometimes made transformers' generate 20-100x slower (seconds
-    instead of 0.1 s per prompt) whenever anything else wanted a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _head_dim(config) -> int:
@@ -140,24 +127,8 @@ def _hf_greedy(path: Path) -> tuple[list[list[int]], float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    outputs, min_gap = [], float("inf")
-    for prompt in PROMPTS:
-        enc = tok(prompt, return_tensors="pt")
-        with torch.no_grad(), _one_thread():
-            out = model.generate(
-                **enc,
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,  # vLLM's min_tokens masks the same EOS ids
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-        for scores in out.scores:
-            top2 = scores[0].topk(2).values
-            min_gap = min(min_gap, (top2[0] - top2[1]).item())
-        outputs.append(out.sequences[0, enc.input_ids.shape[1] :].tolist())
-    return outputs, min_gap
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return greedy_with_gap(model, [tok(p).input_ids for p in PROMPTS], NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +212,7 @@ def qwen_image(tiny_models: dict[str, Path]):
 
 def _render(pipe, width: int, height: int, seed: int, prompt: str = "a red cat on a blue sofa"):
     generator = torch.Generator().manual_seed(seed)
-    with _one_thread():
+    with one_thread():
         return pipe(
             prompt, width=width, height=height, num_inference_steps=2, generator=generator
         ).images[0]

@@ -137,26 +137,33 @@ def capped_plan(prompt_len: int, cost_model: CostModel, step_s: float, grid: int
 
 
 def short_ttft_attainment(
-    step_s: float, unloaded_ttft_s: Sequence[float], slo_factor: float = 3.0
+    step_s: float,
+    unloaded_ttft_s: Sequence[float],
+    slo_factor: float = 3.0,
+    slo_floor_s: float = 0.0,
 ) -> float:
     """Share of short requests, arriving at uniformly random times while a long prefill keeps
     both of two pipeline stages busy with steps of `step_s`, that meet a TTFT SLO of
-    `slo_factor` x their unloaded TTFT u (averaged over `unloaded_ttft_s`, one per kind of short
-    request).
+    max(`slo_floor_s`, `slo_factor` x their unloaded TTFT u) (averaged over `unloaded_ttft_s`,
+    one per kind of short request).
 
     A best case for the short request: it is scheduled as soon as stage 0 finishes the step in
     progress (residual R, uniform in [0, step_s)); no other step is queued ahead of it, and its
     own work is split evenly, u / 2 per stage. Its stage-1 half still waits for the long step
     that stage 1 took over when stage 0 finished it, so its TTFT is at least
-    u + R + step_s - u / 2, which meets the SLO iff R <= (slo_factor - 0.5) * u - step_s.
+    u + R + step_s - u / 2, which meets the SLO iff R <= SLO - u / 2 - step_s.
     """
     _check_real("step_s", step_s, positive=True)
     _check_real("slo_factor", slo_factor, positive=True)
+    _check_real("slo_floor_s", slo_floor_s)
     if not unloaded_ttft_s:
         raise ValueError("unloaded_ttft_s must not be empty")
     shares = []
     for u in unloaded_ttft_s:
         _check_real("unloaded_ttft_s[]", u, positive=True)
-        slack = (slo_factor - 0.5) * u - step_s
+        if slo_factor * u >= slo_floor_s:
+            slack = (slo_factor - 0.5) * u - step_s
+        else:
+            slack = slo_floor_s - 0.5 * u - step_s
         shares.append(min(max(slack / step_s, 0.0), 1.0))
     return sum(shares) / len(shares)

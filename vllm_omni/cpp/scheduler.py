@@ -303,6 +303,10 @@ class CPPScheduler(Scheduler):
         first_prefill_of_step = self._step_budget_left is None
         if first_prefill_of_step:
             self._step_budget_left = budget
+        elif self._step_budget_left <= 0:
+            # The first prefill took its smallest chunk over budget (at a long context one block
+            # can cost more than the whole budget): the step is full.
+            return 0
         chunk = next_chunk_size(
             self.cost_model,
             num_computed_tokens,

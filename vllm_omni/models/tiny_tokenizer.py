@@ -25,9 +25,33 @@ VIDEO_PAD = "<|video_pad|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
 """Placed right after the BPE vocabulary, in this order (as in Qwen's vocabulary)."""
 
+# Qwen2.5-Omni's multimodal tokens, by the attribute names its processor reads from the
+# tokenizer. Images and videos are framed by <|vision_start|> / <|vision_end|>, as vLLM's
+# placeholder for this model writes them.
+OMNI_NAMED_TOKENS = {
+    "audio_token": "<|AUDIO|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+    "image_token": "<|IMAGE|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": VISION_START,
+    "vision_eos_token": VISION_END,
+}
+TTS_PAD = "<|tts_pad|>"
+TTS_TEXT_BOS = "<|tts_text_bos|>"
+TTS_TEXT_EOD = "<|tts_text_eod|>"
+OMNI_SPECIAL_TOKENS = tuple(
+    t
+    for t in (*OMNI_NAMED_TOKENS.values(), TTS_PAD, TTS_TEXT_BOS, TTS_TEXT_EOD)
+    if t not in SPECIAL_TOKENS
+)
+"""The Omni tokenizer's special tokens beyond SPECIAL_TOKENS."""
+
 RESERVED_TOKENS = 16
 """At least this many `<|reserved_N|>` tokens fill the end of the vocabulary (more if the corpus
-yields fewer merges), so that every id a random model can sample decodes to something."""
+yields fewer merges), so that every id a random model can sample decodes to something. The Omni
+tokenizer's special tokens take the first of these places, so both tokenizers share the BPE
+vocabulary and the common special tokens' ids."""
 
 BPE_VOCAB_SIZE = VOCAB_SIZE - len(SPECIAL_TOKENS) - RESERVED_TOKENS
 
@@ -35,6 +59,26 @@ BPE_VOCAB_SIZE = VOCAB_SIZE - len(SPECIAL_TOKENS) - RESERVED_TOKENS
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# ChatML with Qwen2.5-Omni's placeholders for content parts (OpenAI/vLLM part types), one
+# placeholder per item: the processor expands each to the item's number of embeddings.
+OMNI_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- elif part['type'] in ('image', 'image_url', 'image_pil', 'image_embeds') -%}"
+    "{{- '<|vision_start|><|IMAGE|><|vision_end|>' -}}"
+    "{%- elif part['type'] in ('audio', 'audio_url', 'input_audio', 'audio_embeds') -%}"
+    "{{- '<|audio_bos|><|AUDIO|><|audio_eos|>' -}}"
+    "{%- elif part['type'] in ('video', 'video_url') -%}"
+    "{{- '<|vision_start|><|VIDEO|><|vision_end|>' -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
@@ -158,8 +202,9 @@ def _corpus_lines() -> list[str]:
     return [line.replace("\\n", "\n") for line in CORPUS.splitlines() if line.strip()]
 
 
-def train_tokenizer():
-    """Train the byte-level BPE and wrap it as a `transformers.PreTrainedTokenizerFast`."""
+def train_tokenizer(omni: bool = False):
+    """Train the byte-level BPE and wrap it as a `transformers.PreTrainedTokenizerFast`; with
+    `omni`, Qwen2.5-Omni's special tokens follow the common ones."""
     from tokenizers import (
         AddedToken,
         Tokenizer,
@@ -189,7 +234,8 @@ def train_tokenizer():
     if learned > BPE_VOCAB_SIZE:
         raise RuntimeError(f"BPE vocab_size {learned} exceeds BPE_VOCAB_SIZE {BPE_VOCAB_SIZE}")
 
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    specials = SPECIAL_TOKENS + (OMNI_SPECIAL_TOKENS if omni else ())
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     # Fill the rest of the vocabulary with reserved tokens: the tokenizer length then equals the
     # models' vocab_size, so whatever id a random model samples, it decodes.
     reserved = [f"<|reserved_{i}|>" for i in range(VOCAB_SIZE - tok.get_vocab_size())]
@@ -204,24 +250,25 @@ def train_tokenizer():
         unk_token=None,
         bos_token=None,
         model_max_length=65536,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=OMNI_CHAT_TEMPLATE if omni else CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
+        extra_special_tokens=OMNI_NAMED_TOKENS if omni else None,
     )
 
 
-@lru_cache(maxsize=1)
-def _trained():
-    return train_tokenizer()
+@lru_cache(maxsize=2)
+def _trained(omni: bool = False):
+    return train_tokenizer(omni)
 
 
-def save_tokenizer(out_dir: Path) -> None:
+def save_tokenizer(out_dir: Path, omni: bool = False) -> None:
     """Write the (cached) trained tokenizer's files into `out_dir`."""
-    _trained().save_pretrained(str(out_dir))
+    _trained(omni).save_pretrained(str(out_dir))
 
 
-def token_id(token: str) -> int:
+def token_id(token: str, omni: bool = False) -> int:
     """The id of a special token of the trained tokenizer."""
-    tid = _trained().convert_tokens_to_ids(token)
+    tid = _trained(omni).convert_tokens_to_ids(token)
     if not isinstance(tid, int) or tid < 0:
         raise KeyError(f"token {token!r} is not in the tiny tokenizer")
     return tid
