@@ -302,6 +302,9 @@ def main() -> None:
     parser.add_argument("--regimes", default=",".join(REGIMES))
     parser.add_argument("--duration", type=float, default=40.0, help="trace length, seconds")
     parser.add_argument(
+        "--rate-scale", type=float, default=1.0, help="multiplies every load's short-request rate"
+    )
+    parser.add_argument(
         "--longs", default="16384,24576,32768,16384", help="long prompts, spread over the trace"
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -340,7 +343,8 @@ def main() -> None:
                         samples = rescored(measured, regime, ttft, tpot, solo)
                         counted = None
                     else:
-                        samples = trace(args.seed, LOADS[load], args.duration, longs)
+                        rate = LOADS[load] * args.rate_scale
+                        samples = trace(args.seed, rate, args.duration, longs)
                         assign_slos(samples, regime, ttft, tpot, solo)
                         before = engine_slo_counts(server)
                         wall = replay(server, samples, args.seed + 1, "priority" in CONFIGS[name])
