@@ -128,15 +128,20 @@ def randomize_(model: torch.nn.Module, seed: int, out_gain: dict[str, float] | N
 # --------------------------------------------------------------------------- builders
 
 
+def chat_generation_config():
+    """Generation stops at <|im_end|> (end of a ChatML turn) or <|endoftext|>."""
+    from transformers import GenerationConfig
+
+    endoftext = tt.token_id(tt.ENDOFTEXT)
+    return GenerationConfig(
+        bos_token_id=endoftext, eos_token_id=[tt.token_id(tt.IM_END), endoftext],
+        pad_token_id=endoftext,
+    )  # fmt: skip
+
+
 def _build_lm(cfg: TinyLMConfig, out: Path) -> None:
     import torch
-    from transformers import (
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tt.save_tokenizer(out)
     endoftext, im_end = tt.token_id(tt.ENDOFTEXT), tt.token_id(tt.IM_END)
@@ -163,9 +168,7 @@ def _build_lm(cfg: TinyLMConfig, out: Path) -> None:
     torch.manual_seed(cfg.seed)
     model = cls(config)
     randomize_(model, cfg.seed, {"lm_head.weight": LOGIT_GAIN})
-    model.generation_config = GenerationConfig(
-        bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
-    )
+    model.generation_config = chat_generation_config()
     model.to(torch.bfloat16).save_pretrained(out)
 
 

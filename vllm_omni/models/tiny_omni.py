@@ -28,16 +28,12 @@ THINKER_HIDDEN = 128
 CODEC_VOCAB = 64
 CODEC_PAD, CODEC_BOS, CODEC_EOS, CODEC_MASK = 60, 61, 62, 63
 SPEAKERS = ("Chelsie", "Ethan")
-SAMPLE_RATE = 24_000
 # M-RoPE splits head_dim / 2 = 32 rotary frequencies into (time, height, width) sections.
 MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [8, 12, 12]}
 
 
 def _token_ids() -> dict[str, int]:
-    def tid(token: str) -> int:
-        return tt.token_id(token, omni=True)
-
-    named = {name: tid(token) for name, token in tt.OMNI_NAMED_TOKENS.items()}
+    named = {name: tt.token_id(token, omni=True) for name, token in tt.OMNI_NAMED_TOKENS.items()}
     return dict(
         audio_token_index=named["audio_token"],
         image_token_index=named["image_token"],
@@ -180,9 +176,9 @@ def _processor(out: Path):
 
 def build_qwen25_omni(out: Path) -> None:
     import torch
-    from transformers import GenerationConfig, Qwen2_5OmniForConditionalGeneration
+    from transformers import Qwen2_5OmniForConditionalGeneration
 
-    from vllm_omni.models.tiny import LOGIT_GAIN, randomize_
+    from vllm_omni.models.tiny import LOGIT_GAIN, chat_generation_config, randomize_
 
     config = qwen25_omni_config()
     torch.manual_seed(QWEN25_OMNI_SEED)
@@ -193,10 +189,7 @@ def build_qwen25_omni(out: Path) -> None:
         {"thinker.lm_head.weight": LOGIT_GAIN, "talker.codec_head.weight": LOGIT_GAIN},
     )
     model.eval()  # __init__ leaves it in training mode (the DiT has dropout)
-    endoftext, im_end = tt.token_id(tt.ENDOFTEXT), tt.token_id(tt.IM_END)
-    model.generation_config = GenerationConfig(
-        bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
-    )
+    model.generation_config = chat_generation_config()
     model.save_pretrained(out)
     gen = torch.Generator().manual_seed(QWEN25_OMNI_SEED + 1)
     torch.save(_speakers(gen, config.token2wav_config.dit_config.enc_emb_dim), out / "spk_dict.pt")

@@ -70,16 +70,13 @@ _warned: set[torch.dtype] = set()
 
 
 def resolve_auto_dtype_on_cpu(resolved: torch.dtype) -> torch.dtype:
-    chosen = auto_dtype(resolved, native_low_precision())
+    chosen = resolved_on_this_cpu(resolved)
     if chosen != resolved and resolved not in _warned:
         _warned.add(resolved)
+        name = str(resolved).removeprefix("torch.")
         logger.info(
             "vllm_omni: --dtype auto runs %s models in float32 on this CPU: it has no native %s "
             "arithmetic (%s), which makes %s slower than float32 here. Pass --dtype %s to keep it.",
-            str(resolved).removeprefix("torch."),
-            str(resolved).removeprefix("torch."),
-            " / ".join(NATIVE_FLAGS[resolved]),
-            str(resolved).removeprefix("torch."),
-            str(resolved).removeprefix("torch."),
-        )
+            name, name, " / ".join(NATIVE_FLAGS[resolved]), name, name,
+        )  # fmt: skip
     return chosen
