@@ -18,6 +18,7 @@ _LAZY = {
     "OmniLLM": "vllm_omni.entrypoints.omni_llm",
     "AsyncOmniLLM": "vllm_omni.entrypoints.async_omni_llm",
     "DiffusionSamplingParams": "vllm_omni.diffusion.params",
+    "Code2WavParams": "vllm_omni.diffusion.params",
     "OmniRequestOutput": "vllm_omni.outputs",
     "StageGraph": "vllm_omni.config.stage_config",
     "StageConfig": "vllm_omni.config.stage_config",

@@ -202,3 +202,50 @@ def apply() -> dict[str, bool]:
 
     is_cpu = current_platform.is_cpu()
     return {p.name: p.apply() for p in all_patches() if is_cpu or not p.cpu_only}
+
+
+# ---------------------------------------------------------------------------------- pinned
+# Not patches: vLLM internals that vllm_omni wraps on instances it owns (one worker's model
+# runner, one engine's output processor), leaving the classes untouched. Their behaviour is
+# still assumed, so each is fingerprinted like a patch and tests/test_patches.py fails when vLLM
+# changes it.
+
+
+@dataclass(frozen=True)
+class Pinned:
+    owner: type
+    attr: str
+    fingerprint: str
+    why: str
+
+    def current_fingerprint(self) -> str:
+        return source_fingerprint(getattr(self.owner, self.attr))
+
+
+def all_pinned() -> list[Pinned]:
+    from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return [
+        Pinned(
+            GPUModelRunner,
+            "_model_forward",
+            "a8f98588a465",
+            "worker.hidden_states and worker.talker wrap it on their runner: it runs the model on "
+            "the batch in `input_batch.req_ids` order, with `input_ids` as a keyword argument.",
+        ),
+        Pinned(
+            GPUModelRunner,
+            "sample_tokens",
+            "047e6a4738de",
+            "worker.hidden_states fills `pooler_output` of the ModelRunnerOutput it returns "
+            "(synchronous scheduling), aligned with `req_ids` and `sampled_token_ids`.",
+        ),
+        Pinned(
+            OutputProcessor,
+            "process_outputs",
+            "9e116796002e",
+            "engine.hidden_states_tap wraps it per engine: an output with a pooling tensor is "
+            "taken as a pooling request's, so the tap removes the rows of generation outputs.",
+        ),
+    ]

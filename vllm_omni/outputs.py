@@ -32,6 +32,9 @@ class OmniRequestOutput:
     latents: torch.Tensor | None = None
     text: str | None = None
     token_ids: list[int] | None = None
+    audio: torch.Tensor | None = None  # 1-D float32 waveform
+    sample_rate: int | None = None
+    codec_token_ids: list[int] | None = None  # the speech codes the audio was decoded from
     seed: int | None = None
     stage_timings: dict[str, StageTiming] = field(default_factory=dict)
     arrival: float = 0.0
@@ -43,14 +46,15 @@ class OmniRequestOutput:
 
 
 class MultimodalOutputProcessor:
-    """Turns the final stages' raw outputs (uint8 image arrays, latents, text) into an
-    OmniRequestOutput."""
+    """Turns the final stages' raw outputs (uint8 image arrays, latents, text, waveforms) into an
+    OmniRequestOutput; the speech codes come from whichever stage made them."""
 
     def process(
         self,
         request_id: str,
         prompt: str | None,
         final_outputs: dict[str, dict[str, Any]],
+        stage_outputs: dict[str, dict[str, Any]] | None = None,
         *,
         seed: int | None,
         stage_timings: dict[str, StageTiming],
@@ -75,4 +79,10 @@ class MultimodalOutputProcessor:
             if "text" in outputs:
                 out.text = outputs["text"]
                 out.token_ids = outputs.get("token_ids")
+            if "audio" in outputs:
+                out.audio = outputs["audio"]
+                out.sample_rate = outputs.get("sample_rate")
+        for outputs in (stage_outputs or {}).values():
+            if "codec_tokens" in outputs:
+                out.codec_token_ids = outputs["codec_tokens"].tolist()
         return out

@@ -32,13 +32,21 @@ def check_vllm_version(installed: str | None = None) -> None:
 
 
 def register() -> None:
-    """Check the vLLM version and apply vllm_omni's vLLM patches; idempotent."""
+    """Check the vLLM version, apply vllm_omni's vLLM patches and register its models;
+    idempotent."""
     global _registered
     if not _registered:
         check_vllm_version()
+        from vllm import ModelRegistry
+
         from vllm_omni import _patches
+        from vllm_omni.models.qwen25_omni_talker import TALKER_ARCH
 
         _patches.apply()
+        # By name: the model's module (torch layers) loads only where an engine builds it.
+        ModelRegistry.register_model(
+            TALKER_ARCH, "vllm_omni.models.qwen25_omni_talker:Qwen25OmniTalkerForCodec"
+        )
         _registered = True
     if trace_path := os.environ.get(TRACE_ENV):
         import multiprocessing

@@ -3,7 +3,8 @@
 
 A model folder is recognised by its files: a diffusers `model_index.json` naming
 `QwenImagePipeline` is Qwen-Image (text encoder on vLLM -> DiT); a transformers `config.json`
-is a plain language model (one AR stage).
+of model type `qwen2_5_omni` is Qwen2.5-Omni (thinker -> talker -> code2wav); any other
+`config.json` is a plain language model (one AR stage).
 """
 
 from __future__ import annotations
@@ -49,6 +50,48 @@ def qwen_image_graph() -> dict[str, Any]:
     }
 
 
+def qwen25_omni_graph() -> dict[str, Any]:
+    """Thinker (text; hands on its per-token hidden states) -> talker (speech-codec tokens) ->
+    code2wav (waveform). Both the thinker's text and the waveform are final outputs; a request
+    that asks for text only runs the thinker alone."""
+    return {
+        "model_type": "qwen2_5_omni",
+        "stages": [
+            {
+                "name": "thinker",
+                "engine_type": "AR",
+                "model": ".",
+                "processor": "qwen25_omni_thinker",
+                "input_modalities": ["text"],
+                "output_modalities": ["text"],
+                "final_output": True,
+            },
+            {
+                "name": "talker",
+                "engine_type": "AR",
+                "model": ".",
+                "processor": "qwen25_omni_talker",
+                "inputs": {
+                    "thinker_states": "thinker.thinker_states",
+                    "prompt_token_ids": "thinker.prompt_token_ids",
+                },
+                "input_modalities": ["embeddings"],
+                "output_modalities": ["codec"],
+            },
+            {
+                "name": "code2wav",
+                "engine_type": "DiT",
+                "model": ".",
+                "executor": "code2wav",
+                "inputs": {"codec_tokens": "talker.codec_tokens"},
+                "input_modalities": ["codec"],
+                "output_modalities": ["audio"],
+                "final_output": True,
+            },
+        ],
+    }
+
+
 def language_model_graph() -> dict[str, Any]:
     return {
         "model_type": "lm",
@@ -58,9 +101,11 @@ def language_model_graph() -> dict[str, Any]:
 
 MODEL_GRAPHS: dict[str, Callable[[], dict[str, Any]]] = {
     "qwen_image": qwen_image_graph,
+    "qwen2_5_omni": qwen25_omni_graph,
     "lm": language_model_graph,
 }
 PIPELINE_CLASSES = {"QwenImagePipeline": "qwen_image"}
+CONFIG_MODEL_TYPES = ("qwen2_5_omni",)  # transformers model types with a graph of their own
 
 
 def detect_model_type(model: str | Path) -> str:
@@ -75,7 +120,8 @@ def detect_model_type(model: str | Path) -> str:
             f"{sorted(PIPELINE_CLASSES)}); pass a stage graph YAML with --stage-configs"
         )
     if (folder / "config.json").is_file():
-        return "lm"
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        return model_type if model_type in CONFIG_MODEL_TYPES else "lm"
     raise ValueError(f"model: {str(folder)!r} has neither model_index.json nor config.json")
 
 

@@ -27,9 +27,11 @@ from vllm_omni.diffusion.scheduler import SCHEDULING_MODES
 ENGINE_TYPES = ("AR", "DiT")
 # Registered names, per engine type.
 SCHEDULERS = {"AR": ("default", "cpp"), "DiT": SCHEDULING_MODES}
-EXECUTORS = {"AR": ("auto", "mp", "uni", "ray"), "DiT": ("diffusers", "vae_decoder")}
+EXECUTORS = {"AR": ("auto", "mp", "uni", "ray"), "DiT": ("diffusers", "vae_decoder", "code2wav")}
 DEFAULT_SCHEDULER = {"AR": "default", "DiT": "step"}
 DEFAULT_EXECUTOR = {"AR": "auto", "DiT": "diffusers"}
+# DiT executors that run whole requests only: `fifo` is their default and only scheduler.
+WHOLE_REQUEST_EXECUTORS = ("vae_decoder", "code2wav")
 
 
 def _processors() -> tuple[str, ...]:
@@ -66,7 +68,9 @@ class StageConfig:
             object.__setattr__(self, "executor", DEFAULT_EXECUTOR[self.engine_type])
         if self.scheduler is None:
             default = (
-                "fifo" if self.executor == "vae_decoder" else DEFAULT_SCHEDULER[self.engine_type]
+                "fifo"
+                if self.executor in WHOLE_REQUEST_EXECUTORS
+                else DEFAULT_SCHEDULER[self.engine_type]
             )
             object.__setattr__(self, "scheduler", default)
         if self.scheduler not in SCHEDULERS[self.engine_type]:
@@ -79,8 +83,10 @@ class StageConfig:
                 f"executor: {self.engine_type} stages take one of "
                 f"{EXECUTORS[self.engine_type]}, got {self.executor!r}"
             )
-        if self.executor == "vae_decoder" and self.scheduler != "fifo":
-            raise ValueError("scheduler: the vae_decoder executor runs whole requests; use 'fifo'")
+        if self.executor in WHOLE_REQUEST_EXECUTORS and self.scheduler != "fifo":
+            raise ValueError(
+                f"scheduler: the {self.executor} executor runs whole requests; use 'fifo'"
+            )
         if self.processor is not None and self.processor not in _processors():
             raise ValueError(f"processor: must be one of {_processors()}, got {self.processor!r}")
         for key, source in self.inputs.items():
@@ -174,6 +180,27 @@ class StageGraph:
             return marked
         fed = {src for s in self.stages for src in s.sources}
         return [s for s in self.stages if s.name not in fed]
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        """What the graph's final stages produce, e.g. ("text", "audio")."""
+        out: list[str] = []
+        for stage in self.final_stages:
+            out += [m for m in stage.output_modalities if m not in out]
+        return tuple(out)
+
+    def stages_for(self, modalities: tuple[str, ...]) -> list[str]:
+        """The stages a request that wants `modalities` runs: the final stages that produce one
+        of them, and every stage they depend on (a text-only request to Qwen2.5-Omni runs the
+        thinker alone)."""
+        needed: set[str] = set()
+        pending = [s.name for s in self.final_stages if set(s.output_modalities) & set(modalities)]
+        while pending:
+            name = pending.pop()
+            if name not in needed:
+                needed.add(name)
+                pending += self[name].sources
+        return [s.name for s in self.topological_order() if s.name in needed]
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], base_dir: Path | None = None) -> StageGraph:

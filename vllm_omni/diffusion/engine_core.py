@@ -23,7 +23,7 @@ import torch
 from vllm_omni.diffusion.cache_manager import DiTCacheConfig, DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.executor import EXECUTORS
-from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiffusionScheduler, DiTSchedulerConfig
 from vllm_omni.logger import init_logger
@@ -52,9 +52,16 @@ class DiffusionEngineCore:
         return self.executor.info
 
     def add_request(
-        self, request_id: str, inputs: dict[str, torch.Tensor], params: DiffusionSamplingParams
+        self,
+        request_id: str,
+        inputs: dict[str, torch.Tensor],
+        params: DiffusionSamplingParams | Code2WavParams,
     ) -> None:
-        self.scheduler.add_request(DiTRequest(request_id, params, inputs))
+        request = DiTRequest(request_id, params, inputs)
+        check = getattr(self.executor, "check_request", None)
+        if check is not None:  # a bad request fails alone here, not the whole step later
+            check(request)
+        self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> bool:
         return self.scheduler.abort_request(request_id)
@@ -148,5 +155,5 @@ def _step(core: DiffusionEngineCore, outbox) -> None:
     outbox.put(("step", None, (start, end, core.scheduler.num_running + len(finished))))
     for request, result in finished:
         if torch.is_tensor(result):
-            result = result.numpy()  # latents; images are uint8 arrays already
+            result = result.numpy()  # latents, waveforms; images are uint8 arrays already
         outbox.put(("done", request.request_id, result))

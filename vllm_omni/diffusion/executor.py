@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.code2wav import Code2WavExecutor
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.latent_decoder import LatentDecoder
 from vllm_omni.diffusion.model_runner import (
@@ -167,4 +168,8 @@ class VAEDecoderExecutor:
         return out
 
 
-EXECUTORS = {"diffusers": DiffusersPipelineExecutor, "vae_decoder": VAEDecoderExecutor}
+EXECUTORS = {
+    "diffusers": DiffusersPipelineExecutor,
+    "vae_decoder": VAEDecoderExecutor,
+    "code2wav": Code2WavExecutor,
+}

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-request parameters of a diffusion (DiT) stage, validated at construction."""
+"""Per-request parameters of a DiT-process stage (image diffusion, code2wav), validated at
+construction."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -62,6 +64,52 @@ class DiffusionSamplingParams:
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown diffusion parameter; known: {sorted(known)}")
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class Code2WavParams:
+    """What Qwen2.5-Omni's code2wav stage needs besides the codec tokens.
+
+    `voice`: a speaker of the model's `spk_dict.pt`. `seed` of None draws a fresh one (the DiT
+    starts from random noise; the output reports the seed). `num_steps`, `guidance_scale` and
+    `sway_coefficient` are transformers' token2wav arguments, with its defaults:
+    `guidance_scale` below 1e-5 turns classifier-free guidance off.
+    """
+
+    voice: str = "Chelsie"
+    seed: int | None = None
+    num_steps: int = 10
+    guidance_scale: float = 0.5
+    sway_coefficient: float = -1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.voice, str) or not self.voice:
+            raise ValueError(f"voice: must be a non-empty string, got {self.voice!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed: must be an integer in [0, 2**63), got {self.seed!r}")
+        # One step would return the initial noise itself: the solver needs two time points.
+        if not _is_int(self.num_steps) or not 2 <= self.num_steps <= 1000:
+            raise ValueError(f"num_steps: must be an integer in [2, 1000], got {self.num_steps!r}")
+        if not _is_finite(self.guidance_scale) or self.guidance_scale < 0:
+            raise ValueError(
+                f"guidance_scale: must be a finite number >= 0, got {self.guidance_scale!r}"
+            )
+        if not _is_finite(self.sway_coefficient):
+            raise ValueError(
+                f"sway_coefficient: must be a finite number, got {self.sway_coefficient!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Code2WavParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown code2wav parameter; known: {sorted(known)}")
+        return cls(**values)
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value: Any) -> bool:

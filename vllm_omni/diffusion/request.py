@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 
 
 class DiTRequestStatus(enum.Enum):
@@ -25,22 +25,34 @@ class DiTRequest:
     that arrived over the stage graph's edges (e.g. `prompt_embeds`)."""
 
     request_id: str
-    params: DiffusionSamplingParams
+    params: DiffusionSamplingParams | Code2WavParams
     inputs: dict[str, torch.Tensor]
     arrival: float = field(default_factory=time.monotonic)
     status: DiTRequestStatus = DiTRequestStatus.WAITING
     num_steps_done: int = 0
 
     @property
-    def shape_key(self) -> tuple[int, int]:
+    def shape_key(self) -> tuple:
         """Requests with equal keys can share a transformer call in step mode."""
+        if isinstance(self.params, Code2WavParams):
+            return self.pipeline_key
         return (self.params.height, self.params.width)
 
     @property
     def pipeline_key(self) -> tuple:
         """Requests with equal keys can share one whole-pipeline call (request mode)."""
         p = self.params
+        if isinstance(p, Code2WavParams):
+            # Each decode runs alone (as HF's generate does), and a step's results go out only
+            # when the step ends: grouping would just hold back the first request's audio.
+            return ("code2wav", self.request_id)
         return (p.height, p.width, p.num_inference_steps, p.true_cfg_scale, p.do_cfg, p.output_type)
+
+    @property
+    def num_steps(self) -> int:
+        """Denoising steps of the whole request."""
+        p = self.params
+        return p.num_steps if isinstance(p, Code2WavParams) else p.num_inference_steps
 
     @property
     def is_finished(self) -> bool:

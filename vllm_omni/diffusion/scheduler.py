@@ -156,7 +156,7 @@ class DiffusionScheduler:
                     request.num_steps_done += 1
                 if request_id in output.finished:
                     request.status = DiTRequestStatus.FINISHED
-                    request.num_steps_done = request.params.num_inference_steps
+                    request.num_steps_done = request.num_steps
                     self.running.remove(request)
                     del self.requests[request_id]
                     self.cache.release(request_id)

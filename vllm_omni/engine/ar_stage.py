@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """ARStage: an autoregressive stage on a real vLLM engine (AsyncLLM, its own core process).
 
-With a processor (e.g. `qwen_image_prompt`) the engine runs as a pooling model and vLLM's
-model runner returns each request's hidden states through `pooler_output`; the processor
-keeps the rows the next stage needs. Without one, the stage generates text.
+With a prompt-encoder processor (e.g. `qwen_image_prompt`) the engine runs as a pooling model
+and vLLM's model runner returns each request's hidden states through `pooler_output`; the
+processor keeps the rows the next stage needs. A generating processor (Qwen2.5-Omni's thinker
+and talker, `qwen25_omni`) builds the engine's prompts and drives it itself. Without one, the
+stage generates text.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.engine.busy import BusyTracker
+from vllm_omni.engine.hidden_states_tap import HiddenStatesTap
 from vllm_omni.engine.kv_sizing import one_step_kv_cache_bytes
-from vllm_omni.engine.stage_processors import PROCESSORS
+from vllm_omni.engine.stage_processors import PROCESSORS, PromptEncoder
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -33,7 +36,10 @@ class ARStage:
     def __init__(self, config: StageConfig) -> None:
         self.config = config
         self.processor = PROCESSORS[config.processor] if config.processor else None
+        if self.processor is not None and not isinstance(self.processor, PromptEncoder):
+            self.processor = self.processor.for_stage(config)
         self.engine = None
+        self.hidden_states: HiddenStatesTap | None = None
         self.busy = BusyTracker()
         self.num_finished = 0
         self._scheduler_stats = None  # vLLM's SchedulerStats after the engine's last step
@@ -66,7 +72,7 @@ class ARStage:
         start = time.perf_counter()
         engine_args = AsyncEngineArgs(**self.engine_args())
         vllm_config = engine_args.create_engine_config()
-        if self.processor is not None and engine_args.kv_cache_memory_bytes is None:
+        if self.is_encoder and engine_args.kv_cache_memory_bytes is None:
             # An encoder keeps nothing between requests: one step's worth of KV cache, not the
             # generation default (GiBs of memory that would never hold anything).
             vllm_config.cache_config.kv_cache_memory_bytes = one_step_kv_cache_bytes(vllm_config)
@@ -81,7 +87,18 @@ class ARStage:
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats,
         )
+        if getattr(self.processor, "wants_hidden_states", False):
+            self.hidden_states = HiddenStatesTap(self.engine)
         logger.info("AR stage %r: vLLM engine up in %.1f s", self.name, time.perf_counter() - start)
+
+    @property
+    def is_encoder(self) -> bool:
+        return isinstance(self.processor, PromptEncoder)
+
+    @property
+    def takes_user_params(self) -> bool:
+        """Whether one SamplingParams given for a whole request reaches this stage."""
+        return self.processor is None or getattr(self.processor, "takes_user_params", False)
 
     def _stats_recorder(self, vllm_config, engine_index: int = 0):
         """A vLLM stat logger that keeps this stage's latest scheduler stats. (vLLM's own
@@ -107,8 +124,10 @@ class ARStage:
     def validate(self, params: Any) -> Any:
         from vllm import SamplingParams
 
-        if self.processor is not None:
+        if self.is_encoder:
             return None  # a prompt encoder takes no per-request parameters
+        if self.processor is not None:
+            return self.processor.validate(params, self.name)
         if params is None:
             return SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -121,8 +140,10 @@ class ARStage:
     async def run(self, request_id: str, inputs: dict[str, Any], params: Any) -> dict[str, Any]:
         self.busy.enter()  # occupancy: from submission until the output is back
         try:
-            if self.processor is not None:
+            if self.is_encoder:
                 out = await self._encode(request_id, inputs)
+            elif self.processor is not None:
+                out = await self.processor.run(self, request_id, inputs, params)
             else:
                 out = await self._generate(request_id, inputs, params)
         finally:

@@ -24,7 +24,7 @@ import torch
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.diffusion.engine_core import run_dit_stage
-from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.logger import init_logger
 
@@ -95,8 +95,14 @@ class DiTStage:
         logger.info("DiT stage %r: up in %.1f s", self.name, time.perf_counter() - start)
 
     # ------------------------------------------------------------------ requests
-    def validate(self, params: Any) -> DiffusionSamplingParams:
+    @property
+    def is_code2wav(self) -> bool:
+        return self.config.executor == "code2wav"
+
+    def validate(self, params: Any) -> DiffusionSamplingParams | Code2WavParams:
         """Fill in size and seed; reject what the pipeline cannot do, naming the field."""
+        if self.is_code2wav:
+            return self._validate_code2wav(params)
         if params is None:
             params = DiffusionSamplingParams()
         if not isinstance(params, DiffusionSamplingParams):
@@ -119,6 +125,21 @@ class DiTStage:
                 )
         return params
 
+    def _validate_code2wav(self, params: Any) -> Code2WavParams:
+        if params is None:
+            params = Code2WavParams()
+        if not isinstance(params, Code2WavParams):
+            raise ValueError(
+                f"sampling_params.{self.name}: a code2wav stage takes Code2WavParams, "
+                f"got {type(params).__name__}"
+            )
+        voices = self.info["voices"]
+        if params.voice not in voices:
+            raise ValueError(f"voice: unknown voice {params.voice!r}; known: {voices}")
+        if params.seed is None:
+            params = replace(params, seed=random.randrange(2**63))
+        return params
+
     async def run(self, request_id: str, inputs: dict[str, Any], params) -> dict[str, Any]:
         future = self._loop.create_future()
         self._pending[request_id] = future
@@ -132,6 +153,8 @@ class DiTStage:
         finally:
             self._pending.pop(request_id, None)
         self.num_finished += 1
+        if self.is_code2wav:
+            return {"audio": torch.from_numpy(result), "sample_rate": self.info["sample_rate"]}
         if isinstance(result, np.ndarray) and result.dtype != np.uint8:
             return {"latents": torch.from_numpy(result)}
         return {"image": result}

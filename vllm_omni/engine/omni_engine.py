@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_omni.config.stage_config import StageGraph
-from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.ar_stage import ARStage
 from vllm_omni.engine.dit_stage import DiTStage
 from vllm_omni.logger import init_logger
@@ -30,6 +30,8 @@ from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, Stag
 logger = init_logger(__name__)
 
 PROMPT_FIELDS = ("prompt", "negative_prompt")
+REQUEST_OPTIONS = ("voice", "modalities")
+"""Request-level options every stage sees among its inputs (the talker needs the voice)."""
 
 
 @dataclass(frozen=True)
@@ -72,32 +74,40 @@ class OmniEngine:
 
     # ------------------------------------------------------------------ requests
     def prepare(
-        self, prompt: str | Mapping[str, str], sampling_params: Any = None
+        self, prompt: str | Mapping[str, Any], sampling_params: Any = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Validate a request; returns (prompt inputs, parameters per stage)."""
+        """Validate a request; returns (prompt inputs, parameters per stage it runs).
+
+        A prompt mapping may also carry request options: `voice` (speech stages) and
+        `modalities` (a subset of the graph's outputs; default all of them)."""
         if isinstance(prompt, str):
             inputs: dict[str, Any] = {"prompt": prompt}
         elif isinstance(prompt, Mapping):
-            unknown = sorted(set(prompt) - set(PROMPT_FIELDS))
+            known = PROMPT_FIELDS + REQUEST_OPTIONS
+            unknown = sorted(set(prompt) - set(known))
             if unknown:
-                raise ValueError(
-                    f"prompt.{unknown[0]}: unknown field; known: {list(PROMPT_FIELDS)}"
-                )
+                raise ValueError(f"prompt.{unknown[0]}: unknown field; known: {list(known)}")
             inputs = dict(prompt)
         else:
             raise ValueError(f"prompt: must be a string or a mapping, got {type(prompt).__name__}")
-        for name in PROMPT_FIELDS:
+        for name in PROMPT_FIELDS + ("voice",):
             value = inputs.get(name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: must be a string, got {type(value).__name__}")
         if not (inputs.get("prompt") or "").strip():
             raise ValueError("prompt: must not be empty")
+        inputs["modalities"] = self._modalities(inputs.get("modalities"))
+        runs = self.graph.stages_for(inputs["modalities"])
         given = self._params_by_stage(sampling_params)
         params: dict[str, Any] = {}
-        shared = None  # diffusion stages given nothing share the first one's parameters
-        for config in self.graph.topological_order():
-            name, stage = config.name, self.stages[config.name]
-            p = given.get(name)
+        shared = None  # image stages given nothing share the first one's parameters
+        for name in runs:
+            stage, p = self.stages[name], given.get(name)
+            if isinstance(stage, DiTStage) and stage.is_code2wav:
+                if inputs.get("voice") is not None:
+                    p = replace(p or Code2WavParams(), voice=inputs["voice"])
+                params[name] = stage.validate(p)
+                continue
             if isinstance(stage, DiTStage):
                 if p is None and shared is not None:
                     params[name] = shared
@@ -111,7 +121,26 @@ class OmniEngine:
                 shared = shared or params[name]
                 if params[name].do_cfg:
                     inputs["negative_prompt"] = params[name].negative_prompt
+            elif inputs.get("voice") is not None and hasattr(stage.processor, "voice"):
+                stage.processor.voice(inputs["voice"])  # an unknown voice fails here, by name
+        if inputs.get("voice") is not None and not any(
+            isinstance(self.stages[n], DiTStage) and self.stages[n].is_code2wav for n in runs
+        ):
+            raise ValueError("voice: this request produces no speech (no audio stage runs)")
         return inputs, params
+
+    def _modalities(self, requested: Any) -> tuple[str, ...]:
+        available = self.graph.output_modalities
+        if requested is None:
+            return available
+        if isinstance(requested, str) or not isinstance(requested, Sequence):
+            raise ValueError(f"modalities: must be a list of strings, got {requested!r}")
+        for m in requested:
+            if m not in available:
+                raise ValueError(f"modalities: {m!r} is not an output of this model; {available}")
+        if not requested:
+            raise ValueError("modalities: must not be empty")
+        return tuple(requested)
 
     def _params_by_stage(self, sampling_params: Any) -> dict[str, Any]:
         if sampling_params is None:
@@ -128,17 +157,16 @@ class OmniEngine:
                 "sampling_params: one request takes one object or a dict {stage name: params}, "
                 "not a list"
             )
+
         # One object: it goes to every stage of the kind it configures.
-        dit = isinstance(sampling_params, DiffusionSamplingParams)
-        targets = [
-            name
-            for name, stage in self.stages.items()
-            if (
-                isinstance(stage, DiTStage)
-                if dit
-                else isinstance(stage, ARStage) and stage.processor is None
-            )
-        ]
+        def takes(stage) -> bool:
+            if isinstance(sampling_params, Code2WavParams):
+                return isinstance(stage, DiTStage) and stage.is_code2wav
+            if isinstance(sampling_params, DiffusionSamplingParams):
+                return isinstance(stage, DiTStage) and not stage.is_code2wav
+            return isinstance(stage, ARStage) and stage.takes_user_params
+
+        targets = [name for name, stage in self.stages.items() if takes(stage)]
         if not targets:
             raise ValueError(f"sampling_params: no stage takes {type(sampling_params).__name__}")
         return {name: sampling_params for name in targets}
@@ -174,7 +202,7 @@ class OmniEngine:
                 done = dict(
                     zip(config.sources, await asyncio.gather(*(tasks[s] for s in config.sources)))
                 )
-                stage_inputs = {}
+                stage_inputs = {k: inputs[k] for k in REQUEST_OPTIONS if k in inputs}
                 for key, source in config.inputs.items():
                     src, tensor = source.split(".")
                     if tensor in done[src]:  # optional edges (e.g. no negative prompt)
@@ -195,8 +223,8 @@ class OmniEngine:
             return out
 
         try:
-            for config in self.graph.topological_order():
-                tasks[config.name] = asyncio.create_task(run_stage(config.name))
+            for name in params:  # the stages this request runs, in topological order
+                tasks[name] = asyncio.create_task(run_stage(name))
             await asyncio.gather(*tasks.values())
         except asyncio.CancelledError:
             self.counters["aborted"] += 1
@@ -209,13 +237,13 @@ class OmniEngine:
                 task.cancel()
             self._requests.pop(request_id, None)
         self.counters["finished"] += 1
-        seed = next(
-            (p.seed for p in params.values() if isinstance(p, DiffusionSamplingParams)), None
-        )
+        seeded = (DiffusionSamplingParams, Code2WavParams)
+        seed = next((p.seed for p in params.values() if isinstance(p, seeded)), None)
         return self.output_processor.process(
             request_id,
             inputs.get("prompt"),
-            {s.name: tasks[s.name].result() for s in self.graph.final_stages},
+            {s.name: tasks[s.name].result() for s in self.graph.final_stages if s.name in tasks},
+            {name: task.result() for name, task in tasks.items()},
             seed=seed,
             stage_timings=timings,
             arrival=arrival,

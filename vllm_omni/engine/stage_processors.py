@@ -2,8 +2,9 @@
 """Stage processors: what an AR stage feeds its vLLM engine and what it passes downstream.
 
 Registered by name (`processor: qwen_image_prompt` in a stage config). A processor turns the
-request's text inputs into vLLM prompts, names the engine settings it needs (e.g. a pooling
-runner), and turns vLLM's per-request pooling output into the stage's named output tensors.
+request's inputs into vLLM prompts, names the engine settings it needs (e.g. a pooling runner
+or a worker class), and turns vLLM's per-request output into the stage's named outputs. The
+prompt encoder lives here; Qwen2.5-Omni's thinker and talker in `qwen25_omni`.
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ QWEN_IMAGE_TEMPLATE = (
     "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 )
 
-PROCESSORS: dict[str, PromptEncoder] = {
-    "qwen_image_prompt": PromptEncoder(QWEN_IMAGE_TEMPLATE, drop_tokens=34, max_tokens=512),
-}
+
+def _processors() -> dict[str, Any]:
+    from vllm_omni.engine.qwen25_omni import TalkerGenerator, ThinkerGenerator
+
+    return {
+        "qwen_image_prompt": PromptEncoder(QWEN_IMAGE_TEMPLATE, drop_tokens=34, max_tokens=512),
+        # Generating stages: `for_stage(config)` binds them to their stage; `run` drives the engine.
+        "qwen25_omni_thinker": ThinkerGenerator(),
+        "qwen25_omni_talker": TalkerGenerator(),
+    }
+
+
+PROCESSORS = _processors()

@@ -1,0 +1,228 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Qwen2.5-Omni's code2wav stage: its waveforms equal transformers' token2wav for the same codes,
+voice and seed, in-process and through a real DiT stage process."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from vllm_omni.config.stage_config import StageConfig
+from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.code2wav import CODEC_TOKENS, Code2WavExecutor
+from vllm_omni.diffusion.config import DiTConfig
+from vllm_omni.diffusion.engine_core import DiffusionEngineCore
+from vllm_omni.diffusion.params import Code2WavParams
+from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.engine.dit_stage import DiTStage
+from vllm_omni.models import tiny_omni
+
+SAMPLES_PER_TOKEN = 480  # 2 mel frames per codec token x BigVGAN hop 240
+# The executor calls the same transformers modules on the same tensors with the same noise, in
+# the same process: the waveform is bitwise HF's. Across processes (another thread pool) a
+# last-bit difference would be acceptable; 1e-6 is far below the 1.0 peak of these waveforms.
+PROCESS_ATOL = 1e-6
+
+
+def _codes(n: int, seed: int) -> torch.Tensor:
+    # Plain codec ids: the talker's pad/bos/eos/mask (60..63) never reach code2wav.
+    return torch.randint(
+        0, tiny_omni.CODEC_PAD, (n,), generator=torch.Generator().manual_seed(seed)
+    )
+
+
+@pytest.fixture(scope="module")
+def omni_dir(tiny_models):
+    return str(tiny_models["qwen2.5-omni"])
+
+
+@pytest.fixture(scope="module")
+def executor(omni_dir) -> Code2WavExecutor:
+    return Code2WavExecutor(DiTConfig(model=omni_dir, device="cpu"), DiTCacheManager())
+
+
+@pytest.fixture(scope="module")
+def hf_model(omni_dir):
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(omni_dir, dtype=torch.float32)
+
+
+def _hf_wav(hf_model, codes: torch.Tensor, voice: str, seed: int) -> torch.Tensor:
+    """What Qwen2_5OmniForConditionalGeneration.generate does with the codes, after
+    `torch.manual_seed(seed)`."""
+    speaker = hf_model.speaker_map[voice]
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        wav = hf_model.token2wav(
+            codes[None],
+            conditioning=speaker["cond"].float().expand(1, -1),
+            reference_mel=speaker["ref_mel"].float().expand(1, -1, -1),
+        )
+    return wav.reshape(-1).float()
+
+
+def _decode(executor: Code2WavExecutor, codes: torch.Tensor, **params) -> torch.Tensor:
+    return executor.decode(DiTRequest("r", Code2WavParams(**params), {CODEC_TOKENS: codes}))
+
+
+# ---------------------------------------------------------------------------- params
+def test_params_validate_each_field() -> None:
+    assert Code2WavParams() == Code2WavParams(
+        voice="Chelsie", seed=None, num_steps=10, guidance_scale=0.5, sway_coefficient=-1.0
+    )
+    bad = [
+        ({"voice": ""}, "voice"),
+        ({"seed": -1}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"num_steps": 1}, "num_steps"),
+        ({"num_steps": 2.0}, "num_steps"),
+        ({"guidance_scale": -0.1}, "guidance_scale"),
+        ({"guidance_scale": float("nan")}, "guidance_scale"),
+        ({"sway_coefficient": float("inf")}, "sway_coefficient"),
+    ]
+    for kwargs, field in bad:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            Code2WavParams(**kwargs)
+    assert Code2WavParams.from_dict({"voice": "Ethan", "seed": 3}).voice == "Ethan"
+    with pytest.raises(ValueError, match="^speed: unknown code2wav parameter"):
+        Code2WavParams.from_dict({"speed": 1.0})
+
+
+def test_stage_config_runs_code2wav_whole_requests(omni_dir) -> None:
+    config = StageConfig(name="code2wav", engine_type="DiT", model=omni_dir, executor="code2wav")
+    assert config.scheduler == "fifo"
+    with pytest.raises(ValueError, match="^scheduler: the code2wav executor runs whole"):
+        StageConfig(
+            name="code2wav",
+            engine_type="DiT",
+            model=omni_dir,
+            executor="code2wav",
+            scheduler="step",
+        )
+
+
+# ---------------------------------------------------------------------------- in-process
+def test_info(executor: Code2WavExecutor) -> None:
+    info = executor.info
+    assert info["sample_rate"] == 24_000
+    assert info["voices"] == sorted(tiny_omni.SPEAKERS)
+    assert info["samples_per_token"] == SAMPLES_PER_TOKEN
+    assert info["max_codec_tokens"] == 4096  # max_position_embeddings 8192 / 2 frames per code
+
+
+@pytest.mark.parametrize("voice", tiny_omni.SPEAKERS)
+def test_matches_transformers(executor, hf_model, voice: str) -> None:
+    codes = _codes(23, seed=0)
+    wavs = {}
+    for seed in (0, 1234):
+        ours = _decode(executor, codes, voice=voice, seed=seed)
+        ref = _hf_wav(hf_model, codes, voice, seed)
+        assert ours.dtype == torch.float32 and ours.shape == ref.shape == (23 * SAMPLES_PER_TOKEN,)
+        diff = (ours - ref).abs().max().item()
+        assert diff == 0.0, f"{voice}, seed {seed}: max abs difference {diff}"
+        wavs[seed] = ours
+    assert not torch.equal(wavs[0], wavs[1234])  # the seed picks the DiT's initial noise
+
+
+def test_decode_leaves_the_global_rng_alone(executor) -> None:
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    _decode(executor, _codes(4, seed=1), seed=7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_zero_codes_give_an_empty_waveform(executor) -> None:
+    wav = _decode(executor, torch.zeros(0, dtype=torch.long), seed=0)
+    assert wav.dtype == torch.float32 and wav.shape == (0,)
+
+
+def test_engine_core_runs_each_request_alone_and_frees_it(omni_dir, executor) -> None:
+    core = DiffusionEngineCore(DiTConfig(model=omni_dir, device="cpu"), "fifo", "code2wav")
+    requests = {
+        "a": (_codes(5, seed=1), Code2WavParams(voice="Ethan", seed=1)),
+        "b": (_codes(7, seed=2), Code2WavParams(voice="Chelsie", seed=2)),
+        "gone": (_codes(6, seed=3), Code2WavParams(seed=3)),
+    }
+    for rid, (codes, params) in requests.items():
+        core.add_request(rid, {CODEC_TOKENS: codes}, params)
+    assert core.abort_request("gone")
+    results, steps = {}, 0
+    while core.has_unfinished_requests():
+        finished, _, _ = core.step()
+        assert len(finished) == 1  # one request per step: nobody waits for another's decode
+        results.update({r.request_id: out for r, out in finished})
+        steps += 1
+    assert steps == 2 and sorted(results) == ["a", "b"]
+    assert core.cache.num_entries == 0
+    for rid in results:
+        codes, params = requests[rid]
+        expected = executor.decode(DiTRequest(rid, params, {CODEC_TOKENS: codes}))
+        assert torch.equal(results[rid], expected)
+
+
+def test_bad_requests_are_rejected_at_admission(omni_dir) -> None:
+    core = DiffusionEngineCore(DiTConfig(model=omni_dir, device="cpu"), "fifo", "code2wav")
+    bad = [
+        ({CODEC_TOKENS: _codes(3, 0)}, Code2WavParams(voice="Nobody"), "^voice: unknown voice"),
+        ({}, Code2WavParams(), "^inputs: the code2wav stage needs 'codec_tokens'"),
+        ({CODEC_TOKENS: torch.zeros(2, 3, dtype=torch.long)}, Code2WavParams(), "^codec_tokens:"),
+        ({CODEC_TOKENS: torch.zeros(3)}, Code2WavParams(), "^codec_tokens: must be a 1-D int"),
+        ({CODEC_TOKENS: torch.tensor([1, 65])}, Code2WavParams(), r"^codec_tokens: ids must be"),
+        ({CODEC_TOKENS: torch.zeros(4097, dtype=torch.long)}, Code2WavParams(), "^codec_tokens:"),
+    ]
+    for i, (inputs, params, match) in enumerate(bad):
+        with pytest.raises(ValueError, match=match):
+            core.add_request(f"r{i}", inputs, params)
+    assert not core.has_unfinished_requests()
+
+
+# ---------------------------------------------------------------------------- stage process
+def test_dit_stage_process(omni_dir, executor) -> None:
+    asyncio.run(_stage_scenario(omni_dir, executor))
+
+
+async def _stage_scenario(omni_dir: str, executor: Code2WavExecutor) -> None:
+    config = StageConfig(
+        name="code2wav",
+        engine_type="DiT",
+        model=omni_dir,
+        executor="code2wav",
+        dit={"device": "cpu", "num_threads": torch.get_num_threads()},
+    )
+    stage = DiTStage(config)
+    await stage.start()
+    try:
+        assert stage.info["voices"] == sorted(tiny_omni.SPEAKERS)
+        assert stage.info["samples_per_token"] == SAMPLES_PER_TOKEN
+        codes = {"a": _codes(9, seed=4), "b": _codes(14, seed=5)}
+        params = {
+            "a": stage.validate(Code2WavParams(voice="Ethan", seed=11)),
+            "b": stage.validate(None),  # defaults, with a drawn seed
+        }
+        assert params["b"].voice == "Chelsie" and params["b"].seed is not None
+        outs = await asyncio.gather(
+            *(stage.run(rid, {CODEC_TOKENS: codes[rid]}, params[rid]) for rid in codes)
+        )
+        for rid, out in zip(codes, outs):
+            audio = out["audio"]
+            assert audio.dtype == torch.float32 and audio.shape == (
+                len(codes[rid]) * SAMPLES_PER_TOKEN,
+            )
+            expected = executor.decode(DiTRequest(rid, params[rid], {CODEC_TOKENS: codes[rid]}))
+            diff = (audio - expected).abs().max().item()
+            assert diff <= PROCESS_ATOL, f"{rid}: max abs difference {diff}"
+        with pytest.raises(ValueError, match=r"^voice: unknown voice 'Nobody'; known: \['Chel"):
+            stage.validate(Code2WavParams(voice="Nobody"))
+        # Past the orchestrator's check, the stage process still rejects it, naming the field.
+        with pytest.raises(ValueError, match="^voice: unknown voice 'Nobody'"):
+            await stage.run("bad", {CODEC_TOKENS: codes["a"]}, Code2WavParams(voice="Nobody"))
+        empty = await stage.run("empty", {CODEC_TOKENS: codes["a"][:0]}, params["a"])
+        assert empty["audio"].shape == (0,)
+        stats = await stage.stats()
+        assert stats["cache_entries"] == 0 and stats["num_finished"] == 3
+    finally:
+        stage.shutdown()

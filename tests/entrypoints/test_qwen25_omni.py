@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OmniLLM end to end on the tiny Qwen2.5-Omni: thinker and talker on real vLLM engines, code2wav
+in its DiT stage process. Text tokens, speech codes and the waveform must equal transformers'
+`Qwen2_5OmniForConditionalGeneration` with the same weights (float32, greedy).
+
+transformers 5.19's `generate` drops an all-ones attention mask before the talker's first
+forward, and with it the branch that adds the codec pad/start embeddings to the talker's prompt
+(modeling_qwen2_5_omni.py, talker `forward`): an unpadded batch decodes without them, a padded
+one with them. The pipeline builds the prompt with them (the model's design; also what a padded
+batch gets), so the reference is a batch with one left-padded row and the unpadded row is compared.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+from vllm_omni import Code2WavParams, OmniLLM
+
+from ..hf_reference import one_thread
+
+pytestmark = pytest.mark.engine
+
+PROMPT = "<|im_start|>user\nHello there, how are you today?<|im_end|>\n<|im_start|>assistant\n"
+OTHER = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+THINKER_TOKENS, TALKER_TOKENS, SEED = 24, 40, 7
+CODEC_PAD, CODEC_EOS = 60, 62
+SAMPLES_PER_CODE = 480
+WAVE_TOLERANCE = 1e-3
+"""Largest waveform difference, relative to the reference's peak. The DiT process runs
+transformers' token2wav itself (bitwise equal on one thread, tests/diffusion/test_code2wav.py);
+here it runs on the process's default threads, which changes summation order in the 10-step
+ODE solve."""
+
+
+def stage_params(seed: int = SEED, voice: str = "Chelsie") -> dict:
+    return {
+        "thinker": SamplingParams(temperature=0, max_tokens=THINKER_TOKENS),
+        # transformers' talker defaults, greedy: repetition penalty 1.05 stays on
+        "talker": SamplingParams(temperature=0, max_tokens=TALKER_TOKENS, repetition_penalty=1.05),
+        "code2wav": Code2WavParams(seed=seed, voice=voice),
+    }
+
+
+@pytest.fixture(scope="module")
+def omni(tiny_models):
+    float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048}}
+    llm = OmniLLM(
+        tiny_models["qwen2.5-omni"], stage_overrides={"thinker": float32, "talker": float32}
+    )
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_models):
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    folder = tiny_models["qwen2.5-omni"]
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def hf_reference(hf, prompt: str, voice: str) -> tuple[list[int], list[int]]:
+    """transformers' thinker tokens and talker codes (cut at the first end code) for `prompt`."""
+    model, tokenizer = hf
+    ids, short = tokenizer.encode(prompt), tokenizer.encode("Hi")
+    pad = [0] * (len(ids) - len(short))
+    input_ids = torch.tensor([ids, pad + short])
+    mask = torch.tensor([[1] * len(ids), [0] * len(pad) + [1] * len(short)])
+    captured = {}
+    generate = model.talker.generate
+
+    def capture(*args, **kwargs):
+        captured["codes"] = out = generate(*args, **kwargs)
+        captured["prompt"] = kwargs["input_ids"].shape[1]
+        return out
+
+    model.talker.generate = capture
+    try:
+        with one_thread():
+            sequences, _ = model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                speaker=voice,
+                thinker_max_new_tokens=THINKER_TOKENS,
+                thinker_do_sample=False,
+                talker_do_sample=False,
+                talker_max_new_tokens=TALKER_TOKENS,
+                talker_eos_token_id=[CODEC_PAD, CODEC_EOS],
+            )
+    finally:
+        model.talker.generate = generate
+    codes = captured["codes"][0, captured["prompt"] :].tolist()
+    ends = [i for i, c in enumerate(codes) if c in (CODEC_PAD, CODEC_EOS)]
+    return sequences[0, len(ids) :].tolist(), codes[: ends[0]] if ends else codes
+
+
+def hf_waveform(hf, codes: list[int], voice: str, seed: int) -> torch.Tensor:
+    model, _ = hf
+    speaker = model.speaker_map[voice]
+    torch.manual_seed(seed)
+    with torch.no_grad(), one_thread():
+        wav = model.token2wav(
+            torch.tensor([codes]),
+            conditioning=speaker["cond"].float()[None],
+            reference_mel=speaker["ref_mel"].float(),
+        )
+    return wav.reshape(-1).float()
+
+
+@pytest.mark.parametrize("voice", ["Chelsie", "Ethan"])
+def test_text_codes_and_waveform_match_transformers(omni, hf, voice):
+    out = omni.generate({"prompt": PROMPT, "voice": voice}, stage_params(), use_tqdm=False)[0]
+    text_ids, codes = hf_reference(hf, PROMPT, voice)
+    assert out.token_ids == text_ids
+    assert out.text
+    assert len(codes) > 0
+    assert out.codec_token_ids == codes
+    assert out.sample_rate == 24000
+    assert out.audio.shape == (len(codes) * SAMPLES_PER_CODE,)
+    reference = hf_waveform(hf, codes, voice, SEED)
+    diff = (out.audio - reference).abs().max().item() / reference.abs().max().item()
+    print(f"waveform: max |diff| / peak = {diff:.2e}")
+    assert diff <= WAVE_TOLERANCE
+
+
+def test_concurrent_requests_match_solo_runs(omni):
+    alone = [omni.generate(p, stage_params(), use_tqdm=False)[0] for p in (PROMPT, OTHER)]
+    together = omni.generate([PROMPT, OTHER], stage_params(), use_tqdm=False)
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        assert a.codec_token_ids == b.codec_token_ids
+        assert torch.equal(a.audio, b.audio)
+
+
+def test_text_only_request_skips_the_speech_stages(omni):
+    before = omni.get_stage_stats()
+    out = omni.generate({"prompt": PROMPT, "modalities": ["text"]}, stage_params(), use_tqdm=False)[
+        0
+    ]
+    after = omni.get_stage_stats()
+    assert out.text and out.audio is None and out.codec_token_ids is None
+    assert after["thinker"]["num_finished"] == before["thinker"]["num_finished"] + 1
+    assert after["talker"]["num_finished"] == before["talker"]["num_finished"]
+    assert after["code2wav"]["num_finished"] == before["code2wav"]["num_finished"]
+
+
+@pytest.mark.parametrize(
+    "prompt, error",
+    [
+        ({"prompt": PROMPT, "voice": "Nobody"}, r"voice: unknown voice 'Nobody'"),
+        ({"prompt": PROMPT, "modalities": ["image"]}, r"modalities: 'image' is not an output"),
+        (
+            {"prompt": PROMPT, "modalities": ["text"], "voice": "Ethan"},
+            r"voice: this request produces no speech",
+        ),
+    ],
+)
+def test_bad_requests_name_the_field(omni, prompt, error):
+    with pytest.raises(ValueError, match=error):
+        omni.generate(prompt, use_tqdm=False)

@@ -1,0 +1,230 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Qwen2.5-Omni's AR stages: what the thinker and talker engines are fed and what they pass on.
+
+`ThinkerGenerator` (processor `qwen25_omni_thinker`): the thinker generates text on vLLM's own
+Qwen2.5-Omni thinker model; its worker (`vllm_omni.worker.hidden_states`) returns every token's
+last hidden state and input embedding with the output, so the thinker hands on, besides its
+text, `thinker_states` [prompt + reply - 1 tokens, 2 x hidden] ([hidden | embedding]).
+
+`TalkerGenerator` (processor `qwen25_omni_talker`): builds the talker's input exactly as
+transformers' `Qwen2_5OmniForConditionalGeneration.generate` does (`talker_input`) and runs it
+on the project's talker model (`vllm_omni.models.qwen25_omni_talker`); passes on
+`codec_tokens`, cut at the first end token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
+
+DEFAULT_VOICE = "Chelsie"
+TALKER_MAX_TOKENS = 4096
+# transformers' talker sampling defaults (Qwen2_5OmniForConditionalGeneration.generate).
+TALKER_SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
+
+
+def _sampling_params(params: Any, stage_name: str):
+    from vllm import SamplingParams
+
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise ValueError(
+            f"sampling_params.{stage_name}: an AR stage takes vllm.SamplingParams, "
+            f"got {type(params).__name__}"
+        )
+    return params
+
+
+@dataclass(frozen=True)
+class ThinkerGenerator:
+    takes_user_params = True
+    wants_hidden_states = True
+
+    def for_stage(self, config) -> ThinkerGenerator:
+        return self
+
+    def engine_defaults(self) -> dict[str, Any]:
+        from vllm_omni.worker.hidden_states import worker_cls_for_platform
+
+        return {
+            "worker_cls": worker_cls_for_platform(),
+            # Cached prompt positions are never computed, so their rows would be missing.
+            "enable_prefix_caching": False,
+            "async_scheduling": False,
+        }
+
+    def validate(self, params: Any, stage_name: str):
+        return _sampling_params(params, stage_name)
+
+    async def run(self, stage, request_id: str, inputs: dict[str, Any], params) -> dict[str, Any]:
+        final = None
+        try:
+            async for out in stage.engine.generate(inputs["prompt"], params, request_id):
+                final = out
+        finally:
+            states = stage.hidden_states.take(request_id)
+        completion = final.outputs[0]
+        return {
+            "text": completion.text,
+            "token_ids": list(completion.token_ids),
+            "prompt_token_ids": list(final.prompt_token_ids),
+            "thinker_states": states,
+        }
+
+
+@dataclass(frozen=True)
+class TalkerSpecials:
+    """What the talker needs from the checkpoint besides its own weights."""
+
+    codec_pad: int
+    codec_bos: int
+    codec_eos: int
+    codec_mask: int
+    vocab_size: int
+    voices: dict[str, torch.Tensor]  # voice -> thinker embedding of its start token
+    text_eos: torch.Tensor  # thinker embedding of the talker's text-end token
+    text_pad: torch.Tensor  # ... and of its text-pad token
+
+    @classmethod
+    def load(cls, folder: str | Path) -> TalkerSpecials:
+        folder = Path(folder)
+        talker = json.loads((folder / "config.json").read_text())["talker_config"]
+        speakers = torch.load(folder / "spk_dict.pt", weights_only=True)
+        names = sorted(speakers)
+        ids = [speakers[n]["bos_token"] for n in names] + [
+            talker["tts_text_end_token_id"],
+            talker["tts_text_pad_token_id"],
+        ]
+        rows = thinker_embedding_rows(folder, ids).float()
+        return cls(
+            codec_pad=talker["tts_codec_pad_token_id"],
+            codec_bos=talker["tts_codec_start_token_id"],
+            codec_eos=talker["tts_codec_end_token_id"],
+            codec_mask=talker["tts_codec_mask_token_id"],
+            vocab_size=talker["vocab_size"],
+            voices={name: rows[i] for i, name in enumerate(names)},
+            text_eos=rows[-2],
+            text_pad=rows[-1],
+        )
+
+
+def thinker_embedding_rows(folder: Path, token_ids: list[int]) -> torch.Tensor:
+    """Rows of the thinker's input embedding table, read from the checkpoint without loading it."""
+    from safetensors import safe_open
+
+    name = "thinker.model.embed_tokens.weight"
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = [folder / json.loads(index.read_text())["weight_map"][name]]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    for path in files:
+        with safe_open(str(path), "pt") as f:
+            if name in f.keys():
+                table = f.get_slice(name)
+                return torch.stack([table[i : i + 1][0] for i in token_ids])
+    raise ValueError(f"model: no {name} in {folder}")
+
+
+def talker_input(
+    states: torch.Tensor, num_prompt: int, specials: TalkerSpecials, voice: str
+) -> tuple[list[int], torch.Tensor, int]:
+    """The talker's prompt token ids, conditioning rows and `codec_from`, as transformers builds
+    them: prompt rows (thinker hidden + embedding, no codec term), the voice's start embedding
+    with the codec pad, the first reply token with the codec start; then, one per generated
+    code, the remaining reply tokens, the text-end and text-pad embeddings (the last repeats)."""
+    width = states.shape[1] // 2
+    states = states.float()
+    thinker = states[:, :width] + states[:, width:]  # hidden + token embedding
+    prompt, reply = thinker[:num_prompt], thinker[num_prompt:]
+    rows = torch.cat(
+        [
+            prompt,
+            specials.voices[voice][None],
+            reply[:1],
+            reply[1:],
+            specials.text_eos[None],
+            specials.text_pad[None],
+        ]
+    )
+    ids = [specials.codec_mask] * num_prompt + [specials.codec_pad, specials.codec_bos]
+    return ids, rows, num_prompt
+
+
+@dataclass(frozen=True)
+class TalkerGenerator:
+    takes_user_params = False
+    wants_hidden_states = False
+    specials: TalkerSpecials | None = field(default=None, compare=False)
+
+    def for_stage(self, config) -> TalkerGenerator:
+        return TalkerGenerator(TalkerSpecials.load(config.model))
+
+    def engine_defaults(self) -> dict[str, Any]:
+        from vllm_omni.models.qwen25_omni_talker import talker_hf_overrides
+        from vllm_omni.worker.talker import worker_cls_for_platform
+
+        return {
+            "worker_cls": worker_cls_for_platform(),
+            "hf_overrides": talker_hf_overrides,
+            "skip_tokenizer_init": True,
+            "generation_config": "vllm",
+            # Every talker prompt is [mask] * n + [pad, bos]: a cache hit would reuse another
+            # request's conditioning.
+            "enable_prefix_caching": False,
+            "async_scheduling": False,
+            "enforce_eager": True,  # conditioning is set per step (see vllm_omni.worker.talker)
+        }
+
+    def validate(self, params: Any, stage_name: str):
+        from vllm import SamplingParams
+
+        if params is None:
+            params = SamplingParams(max_tokens=TALKER_MAX_TOKENS, **TALKER_SAMPLING)
+        return _sampling_params(params, stage_name)
+
+    def voice(self, requested: str | None) -> str:
+        voices = sorted(self.specials.voices)
+        if requested is None:
+            return DEFAULT_VOICE if DEFAULT_VOICE in voices else voices[0]
+        if requested not in voices:
+            raise ValueError(f"voice: unknown voice {requested!r}; known: {voices}")
+        return requested
+
+    async def run(self, stage, request_id: str, inputs: dict[str, Any], params) -> dict[str, Any]:
+        from vllm import TokensPrompt
+
+        from vllm_omni.worker.talker import PAYLOAD_KEY, encode_payload
+
+        s = self.specials
+        states, num_prompt = inputs["thinker_states"], len(inputs["prompt_token_ids"])
+        if states is None or states.shape[0] < num_prompt + 1:
+            return {"codec_tokens": torch.zeros(0, dtype=torch.long)}  # no reply to speak
+        ids, rows, codec_from = await asyncio.to_thread(
+            talker_input, states, num_prompt, s, self.voice(inputs.get("voice"))
+        )
+        params = params.clone()
+        payload = encode_payload(rows, codec_from)
+        params.extra_args = {**(params.extra_args or {}), PAYLOAD_KEY: payload}
+        if not params.stop_token_ids:
+            params.stop_token_ids = [s.codec_pad, s.codec_eos]
+        if params.allowed_token_ids is None:  # transformers suppresses the codec start token
+            params.allowed_token_ids = [i for i in range(s.vocab_size) if i != s.codec_bos]
+        final = None
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        async for out in stage.engine.generate(prompt, params, request_id):
+            final = out
+        codes = list(final.outputs[0].token_ids)
+        ends = [i for i, c in enumerate(codes) if c in (s.codec_pad, s.codec_eos)]
+        codes = codes[: ends[0]] if ends else codes
+        return {"codec_tokens": torch.tensor(codes, dtype=torch.long)}

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A generating vLLM worker that also returns each token's last hidden state.
+
+Qwen2.5-Omni's talker reads, for every prompt and reply token of the thinker, the thinker's last
+hidden state (after the final norm) plus that token's input embedding. vLLM computes both while it
+generates, and its `ModelRunnerOutput.pooler_output` carries per-request tensors back to the
+engine; this worker fills it for generation requests too:
+
+- after each forward it keeps the rows of every scheduled token as `[hidden | embedding]`
+  (width 2 x hidden; the embedding is zero at multimodal placeholder tokens, as transformers
+  feeds the talker);
+- rows of a prefill that has not reached its first sampled token wait here and leave with that
+  token, so every output that carries rows also carries a token (vLLM's output processor and
+  its time-to-first-token stay as they are);
+- each position is delivered once: a preempted request recomputed from the start sends only
+  the positions it had not sent.
+
+The client side (`vllm_omni.engine.hidden_states_tap`) takes the rows out of the outputs before
+vLLM's output processor sees them. Needs synchronous scheduling and no prefix caching (cached
+positions are never computed, so their rows would be missing); the thinker's stage processor
+sets both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.distributed.parallel_state import get_pp_group
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+PLACEHOLDER_FIELDS = ("audio_token_index", "image_token_index", "video_token_index")
+
+
+def scheduled_spans(scheduler_output: SchedulerOutput) -> dict[str, tuple[int, int]]:
+    """Request id -> (first position, number of tokens) computed in this step."""
+    spans = {}
+    for req in scheduler_output.scheduled_new_reqs:
+        spans[req.req_id] = (
+            req.num_computed_tokens,
+            scheduler_output.num_scheduled_tokens[req.req_id],
+        )
+    cached = scheduler_output.scheduled_cached_reqs
+    for req_id, num_computed in zip(cached.req_ids, cached.num_computed_tokens):
+        spans[req_id] = (num_computed, scheduler_output.num_scheduled_tokens[req_id])
+    return spans
+
+
+class HiddenStatesWorkerMixin:
+    def _install_capture(self) -> None:
+        runner = self.model_runner
+        forward = runner._model_forward
+        self._pending: dict[str, list[torch.Tensor]] = {}  # rows not yet sent, per request
+        self._next_position: dict[str, int] = {}  # first position not yet captured
+        self._spans: dict[str, tuple[int, int]] = {}
+        config = runner.model_config.hf_config
+        config = getattr(config, "thinker_config", config)
+        self._placeholders = [
+            getattr(config, f) for f in PLACEHOLDER_FIELDS if getattr(config, f, None) is not None
+        ]
+
+        def capturing_forward(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            if get_pp_group().is_last_rank and not isinstance(out, tuple):
+                self._capture(out)
+            return out
+
+        # An instance attribute on this worker's own runner: the runner class stays untouched.
+        runner._model_forward = capturing_forward
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        model = self.model_runner.model
+        if hasattr(model, "get_language_model"):
+            model = model.get_language_model()
+        embeds = model.embed_input_ids(token_ids)
+        if self._placeholders:
+            is_placeholder = torch.isin(
+                token_ids, torch.tensor(self._placeholders, device=token_ids.device)
+            )
+            embeds = embeds.masked_fill(is_placeholder[:, None], 0)
+        return embeds
+
+    def _capture(self, hidden_states: torch.Tensor) -> None:
+        req_ids = self.model_runner.input_batch.req_ids
+        total = sum(self._spans[r][1] for r in req_ids)
+        token_ids = self.model_runner.input_ids.gpu[:total]
+        rows = torch.cat([hidden_states[:total], self._embed(token_ids)], dim=-1)
+        rows = rows.to("cpu", copy=True)  # the runner reuses its buffers next step
+        offset = 0
+        for req_id in req_ids:
+            start, n = self._spans[req_id]
+            chunk, offset = rows[offset : offset + n], offset + n
+            captured = self._next_position.get(req_id, 0)
+            if start + n <= captured:
+                continue  # recomputed after a preemption: captured already
+            self._pending.setdefault(req_id, []).append(chunk[max(0, captured - start) :])
+            self._next_position[req_id] = start + n
+
+    def execute_model(self, scheduler_output: SchedulerOutput):
+        for req_id in scheduler_output.finished_req_ids:
+            self._pending.pop(req_id, None)
+            self._next_position.pop(req_id, None)
+        self._spans = scheduled_spans(scheduler_output)
+        return super().execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output):
+        out = super().sample_tokens(grammar_output)
+        if not isinstance(out, ModelRunnerOutput) or not self._pending:
+            return out
+        # Rows leave with a sampled token; a step that samples nothing for a request (a prefill
+        # chunk short of the prompt's end) keeps them here for the next one.
+        rows: list[torch.Tensor | None] = []
+        for i, req_id in enumerate(out.req_ids):
+            pending = self._pending.get(req_id) if out.sampled_token_ids[i] else None
+            if pending:
+                del self._pending[req_id]
+                rows.append(pending[0] if len(pending) == 1 else torch.cat(pending))
+            else:
+                rows.append(None)
+        if any(r is not None for r in rows):
+            out.pooler_output = rows
+        return out
+
+
+class HiddenStatesCPUWorker(HiddenStatesWorkerMixin, CPUWorker):
+    def init_device(self) -> None:
+        super().init_device()
+        self._install_capture()
+
+
+class HiddenStatesGPUWorker(HiddenStatesWorkerMixin, Worker):
+    def init_device(self) -> None:
+        super().init_device()
+        self._install_capture()
+
+
+def worker_cls_for_platform() -> str:
+    """The qualified name vLLM's `worker_cls` needs (it crosses process boundaries as a string)."""
+    from vllm.platforms import current_platform
+
+    cls = HiddenStatesCPUWorker if current_platform.is_cpu() else HiddenStatesGPUWorker
+    return f"{cls.__module__}.{cls.__qualname__}"

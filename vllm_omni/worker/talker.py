@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The talker stage's vLLM worker: sets each step's per-token thinker conditioning on the model.
+
+A talker request carries its conditioning rows in `SamplingParams.extra_args[PAYLOAD_KEY]`
+(built by `vllm_omni.engine.qwen25_omni.TalkerInput`): row j conditions position j, the last
+row every later position (transformers repeats its last text-pad embedding the same way), and
+positions before `codec_from` (the thinker's prompt) leave out the codec embedding. Before each
+forward the worker gathers the rows of the scheduled tokens in the runner's batch order and
+hands them to `Qwen25OmniTalkerForCodec.set_conditioning`.
+
+Needs eager execution on CUDA (a captured graph would replay stale conditioning) and
+synchronous scheduling; the talker's stage processor sets both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.distributed.parallel_state import get_pp_group
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+from vllm_omni.worker.hidden_states import scheduled_spans
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+PAYLOAD_KEY = "omni_talker"
+
+
+def encode_payload(rows: torch.Tensor, codec_from: int) -> dict[str, Any]:
+    """Conditioning rows as plain msgpack values (bytes), to ride in SamplingParams.extra_args."""
+    array = rows.detach().to("cpu", torch.float32).contiguous().numpy()
+    return {"rows": array.tobytes(), "shape": list(array.shape), "codec_from": int(codec_from)}
+
+
+def decode_payload(payload: dict[str, Any]) -> tuple[torch.Tensor, int]:
+    array = np.frombuffer(payload["rows"], dtype=np.float32).reshape(payload["shape"])
+    return torch.from_numpy(array.copy()), int(payload["codec_from"])
+
+
+class TalkerWorkerMixin:
+    def _install_conditioning(self) -> None:
+        runner = self.model_runner
+        forward = runner._model_forward
+        self._payloads: dict[str, tuple[torch.Tensor, int]] = {}
+        self._spans: dict[str, tuple[int, int]] | None = None
+
+        def conditioned_forward(*args, **kwargs):
+            if get_pp_group().is_first_rank:
+                self._set_conditioning(kwargs.get("input_ids"))
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                if get_pp_group().is_first_rank:
+                    runner.model.set_conditioning(None, None)
+
+        # An instance attribute on this worker's own runner: the runner class stays untouched.
+        runner._model_forward = conditioned_forward
+
+    def _payload(self, req_id: str) -> tuple[torch.Tensor, int] | None:
+        if req_id not in self._payloads:
+            params = self.model_runner.requests[req_id].sampling_params
+            payload = (params.extra_args or {}).get(PAYLOAD_KEY) if params else None
+            if payload is None:
+                return None
+            rows, codec_from = decode_payload(payload)
+            self._payloads[req_id] = (rows.to(self.model_runner.device), codec_from)
+        return self._payloads[req_id]
+
+    def _set_conditioning(self, input_ids: torch.Tensor | None) -> None:
+        runner = self.model_runner
+        if self._spans is None or input_ids is None:  # a warm-up or profiling run
+            runner.model.set_conditioning(None, None)
+            return
+        rows, scales = [], []
+        for req_id in runner.input_batch.req_ids:
+            start, n = self._spans[req_id]
+            positions = torch.arange(start, start + n, device=runner.device)
+            payload = self._payload(req_id)
+            if payload is None:  # no conditioning: the codec embedding alone
+                width = runner.model.config.embedding_size
+                rows.append(torch.zeros(n, width, device=runner.device))
+                scales.append(torch.ones(n, 1, device=runner.device))
+                continue
+            table, codec_from = payload
+            rows.append(table[positions.clamp(max=table.shape[0] - 1)])
+            scales.append((positions >= codec_from).to(table.dtype)[:, None])
+        dtype = runner.model.codec_embedding.weight.dtype
+        runner.model.set_conditioning(torch.cat(rows).to(dtype), torch.cat(scales).to(dtype))
+
+    def execute_model(self, scheduler_output: SchedulerOutput):
+        for req_id in scheduler_output.finished_req_ids:
+            self._payloads.pop(req_id, None)
+        self._spans = scheduled_spans(scheduler_output)
+        try:
+            return super().execute_model(scheduler_output)
+        finally:
+            self._spans = None
+
+
+class TalkerCPUWorker(TalkerWorkerMixin, CPUWorker):
+    def init_device(self) -> None:
+        super().init_device()
+        self._install_conditioning()
+
+
+class TalkerGPUWorker(TalkerWorkerMixin, Worker):
+    def init_device(self) -> None:
+        super().init_device()
+        self._install_conditioning()
+
+
+def worker_cls_for_platform() -> str:
+    """The qualified name vLLM's `worker_cls` needs (it crosses process boundaries as a string)."""
+    from vllm.platforms import current_platform
+
+    cls = TalkerCPUWorker if current_platform.is_cpu() else TalkerGPUWorker
+    return f"{cls.__module__}.{cls.__qualname__}"
