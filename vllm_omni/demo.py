@@ -9,7 +9,10 @@ Builds the tiny models (once), then
    bfloat16 rounds into exact ties, which batch shapes and CPU kernels then break either way:
    an AVX2-only CPU disagreed at bfloat16.);
 2. generates images with OmniLLM on the tiny Qwen-Image pipeline (text encoder on a vLLM engine,
-   DiT in its own process), saves them as PNG and checks one against diffusers' own pipeline.
+   DiT in its own process), saves them as PNG and checks one against diffusers' own pipeline;
+3. has the tiny Qwen2.5-Omni answer in text and speech (thinker and talker on vLLM engines,
+   code2wav in the DiT process), saves the speech as WAV and checks the text tokens against
+   transformers' thinker.
 The models have random weights, so replies are gibberish and images are noise-like patterns;
 equality with the references is what matters.
 """
@@ -131,24 +134,68 @@ def run_images(model: str, out_dir: Path) -> bool:
     return same
 
 
+SPEECH_PROMPT = "<|im_start|>user\nSay something about the sea.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def run_speech(model: str, out_dir: Path, max_tokens: int) -> bool:
+    import torch
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+    from vllm import SamplingParams
+
+    from vllm_omni import Code2WavParams, OmniLLM
+    from vllm_omni.entrypoints.openai.speech_chat import wav_file
+
+    float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048}}
+    params = {
+        "thinker": SamplingParams(temperature=0, max_tokens=max_tokens),
+        "talker": SamplingParams(temperature=0, max_tokens=256, repetition_penalty=1.05),
+        "code2wav": Code2WavParams(seed=0),
+    }
+    with OmniLLM(model, stage_overrides={"thinker": float32, "talker": float32}) as omni:
+        start = time.perf_counter()
+        out = omni.generate({"prompt": SPEECH_PROMPT, "voice": "Ethan"}, params)[0]
+        elapsed = time.perf_counter() - start
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "speech.wav"
+    path.write_bytes(wav_file(out.audio, out.sample_rate))
+    timings = ", ".join(f"{k} {t.seconds * 1e3:.0f} ms" for k, t in out.stage_timings.items())
+    print(f"\n[demo] OmniLLM, Qwen2.5-Omni: text and speech in {elapsed:.2f} s ({timings})")
+    print(f"  assistant: {out.text!r}")
+    print(f"  -> {path}: {len(out.audio) / out.sample_rate:.2f} s of audio from "
+          f"{len(out.codec_token_ids)} speech codes (voice Ethan)")  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(model, dtype=torch.float32)
+    ids = tokenizer.encode(SPEECH_PROMPT)
+    with torch.no_grad():
+        reference = hf.thinker.generate(
+            torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False
+        )[0, len(ids) :].tolist()
+    same = reference == out.token_ids
+    print(f"[demo] thinker tokens identical to transformers': {same}")
+    return same
+
+
 def main(argv: list[str] | None = None) -> None:
     from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models-dir", default=None, help="where the tiny models live")
     parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--out", type=Path, default=Path("demo-output"), help="where images go")
+    parser.add_argument(
+        "--out", type=Path, default=Path("demo-output"), help="where images and speech go"
+    )
     args = parser.parse_args(argv)
 
     models = build_tiny_models(
-        args.models_dir or default_models_dir(), names=["llama-8l", "qwen-image"]
+        args.models_dir or default_models_dir(), names=["llama-8l", "qwen-image", "qwen2.5-omni"]
     )
     model = str(models["llama-8l"])
     print(f"[demo] tiny model: {model}")
 
     same = run_pipeline_parallel(model, args.max_tokens)
     images_same = run_images(str(models["qwen-image"]), args.out)
-    if not (same and images_same):
+    speech_same = run_speech(str(models["qwen2.5-omni"]), args.out, args.max_tokens)
+    if not (same and images_same and speech_same):
         raise SystemExit(1)
 
 

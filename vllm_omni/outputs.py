@@ -32,6 +32,8 @@ class OmniRequestOutput:
     latents: torch.Tensor | None = None
     text: str | None = None
     token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
     audio: torch.Tensor | None = None  # 1-D float32 waveform
     sample_rate: int | None = None
     codec_token_ids: list[int] | None = None  # the speech codes the audio was decoded from
@@ -79,6 +81,8 @@ class MultimodalOutputProcessor:
             if "text" in outputs:
                 out.text = outputs["text"]
                 out.token_ids = outputs.get("token_ids")
+                out.prompt_token_ids = outputs.get("prompt_token_ids")
+                out.finish_reason = outputs.get("finish_reason")
             if "audio" in outputs:
                 out.audio = outputs["audio"]
                 out.sample_rate = outputs.get("sample_rate")

@@ -11,7 +11,14 @@ import torch
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
-from vllm_omni.diffusion.code2wav import CODEC_TOKENS, Code2WavExecutor
+from vllm_omni.diffusion.code2wav import (
+    CODEC_TOKENS,
+    STREAM_CHUNK_CODES,
+    STREAM_LEFT_CODES,
+    STREAM_LOOKAHEAD_CODES,
+    Code2WavExecutor,
+    chunk_windows,
+)
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.engine_core import DiffusionEngineCore
 from vllm_omni.diffusion.params import Code2WavParams
@@ -24,6 +31,12 @@ SAMPLES_PER_TOKEN = 480  # 2 mel frames per codec token x BigVGAN hop 240
 # the same process: the waveform is bitwise HF's. Across processes (another thread pool) a
 # last-bit difference would be acceptable; 1e-6 is far below the 1.0 peak of these waveforms.
 PROCESS_ATOL = 1e-6
+WINDOW_ALIGN = 12  # the tiny DiT's block_size 24 frames / 2 frames per code
+
+
+BATCH_TOLERANCE = 1e-3  # measured: 4.0e-4
+"""A batched row against the same request decoded alone, relative to the peak: other kernel
+shapes round differently; the noise and the inputs are the row's own."""
 
 
 def _codes(n: int, seed: int) -> torch.Tensor:
@@ -50,7 +63,7 @@ def hf_model(omni_dir):
     return Qwen2_5OmniForConditionalGeneration.from_pretrained(omni_dir, dtype=torch.float32)
 
 
-def _hf_wav(hf_model, codes: torch.Tensor, voice: str, seed: int) -> torch.Tensor:
+def _hf_wav(hf_model, codes: torch.Tensor, voice: str, seed: int, **kwargs) -> torch.Tensor:
     """What Qwen2_5OmniForConditionalGeneration.generate does with the codes, after
     `torch.manual_seed(seed)`."""
     speaker = hf_model.speaker_map[voice]
@@ -60,12 +73,31 @@ def _hf_wav(hf_model, codes: torch.Tensor, voice: str, seed: int) -> torch.Tenso
             codes[None],
             conditioning=speaker["cond"].float().expand(1, -1),
             reference_mel=speaker["ref_mel"].float().expand(1, -1, -1),
+            **kwargs,
         )
     return wav.reshape(-1).float()
 
 
 def _decode(executor: Code2WavExecutor, codes: torch.Tensor, **params) -> torch.Tensor:
     return executor.decode(DiTRequest("r", Code2WavParams(**params), {CODEC_TOKENS: codes}))
+
+
+def _decode_chunked(
+    executor: Code2WavExecutor, codes: torch.Tensor, chunk: int, left: int, lookahead: int, **params
+) -> tuple[torch.Tensor, list[tuple[int, int, int, int]]]:
+    """Every window through the executor, the kept audio joined (what streaming sends)."""
+    windows = chunk_windows(len(codes), chunk, left, lookahead, executor.window_align)
+    pieces = [
+        _decode(
+            executor,
+            codes[start:end],
+            window_start=start,
+            keep=(keep_start - start, keep_end - start),
+            **params,
+        )
+        for start, end, keep_start, keep_end in windows
+    ]
+    return torch.cat(pieces), windows
 
 
 # ---------------------------------------------------------------------------- params
@@ -82,6 +114,13 @@ def test_params_validate_each_field() -> None:
         ({"guidance_scale": -0.1}, "guidance_scale"),
         ({"guidance_scale": float("nan")}, "guidance_scale"),
         ({"sway_coefficient": float("inf")}, "sway_coefficient"),
+        ({"window_start": -1}, "window_start"),
+        ({"window_start": 12.0}, "window_start"),
+        ({"keep": (3, 3)}, "keep"),
+        ({"keep": (-1, 2)}, "keep"),
+        ({"keep": (0, 1, 2)}, "keep"),
+        ({"keep": (0, True)}, "keep"),
+        ({"keep": "ab"}, "keep"),
     ]
     for kwargs, field in bad:
         with pytest.raises(ValueError, match=f"^{field}:"):
@@ -89,6 +128,27 @@ def test_params_validate_each_field() -> None:
     assert Code2WavParams.from_dict({"voice": "Ethan", "seed": 3}).voice == "Ethan"
     with pytest.raises(ValueError, match="^speed: unknown code2wav parameter"):
         Code2WavParams.from_dict({"speed": 1.0})
+    # A JSON body's list becomes the tuple, so the params compare (and hash) as built in Python.
+    assert Code2WavParams.from_dict({"keep": [2, 5]}) == Code2WavParams(keep=(2, 5))
+
+
+def test_chunk_windows() -> None:
+    windows = chunk_windows(100, chunk=30, left=20, lookahead=15, align=12)
+    assert windows == [(0, 45, 0, 30), (0, 75, 30, 60), (36, 100, 60, 90), (60, 100, 90, 100)]
+    for num_codes, chunk, left, lookahead in [(1, 24, 24, 24), (150, 36, 36, 36), (97, 7, 5, 0)]:
+        windows = chunk_windows(num_codes, chunk, left, lookahead, WINDOW_ALIGN)
+        assert [w[2] for w in windows] == list(range(0, num_codes, chunk))
+        assert [w[3] for w in windows[:-1]] == [w[2] for w in windows[1:]]
+        assert windows[-1][3] == num_codes
+        for start, end, keep_start, keep_end in windows:
+            assert start % WINDOW_ALIGN == 0 and keep_start - left - WINDOW_ALIGN < start
+            assert start <= keep_start < keep_end <= end <= min(num_codes, keep_end + lookahead)
+    assert chunk_windows(0, 24, 24, 24, 12) == []
+    for kwargs, field in [({"chunk": 0}, "chunk"), ({"left": -1}, "left"), ({"align": 0}, "align")]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            chunk_windows(
+                **{"num_codes": 10, "chunk": 4, "left": 0, "lookahead": 0, "align": 1, **kwargs}
+            )
 
 
 def test_stage_config_runs_code2wav_whole_requests(omni_dir) -> None:
@@ -111,6 +171,7 @@ def test_info(executor: Code2WavExecutor) -> None:
     assert info["voices"] == sorted(tiny_omni.SPEAKERS)
     assert info["samples_per_token"] == SAMPLES_PER_TOKEN
     assert info["max_codec_tokens"] == 4096  # max_position_embeddings 8192 / 2 frames per code
+    assert info["window_align"] == WINDOW_ALIGN
 
 
 @pytest.mark.parametrize("voice", tiny_omni.SPEAKERS)
@@ -125,6 +186,70 @@ def test_matches_transformers(executor, hf_model, voice: str) -> None:
         assert diff == 0.0, f"{voice}, seed {seed}: max abs difference {diff}"
         wavs[seed] = ours
     assert not torch.equal(wavs[0], wavs[1234])  # the seed picks the DiT's initial noise
+
+
+def test_matches_transformers_without_guidance(executor, hf_model) -> None:
+    # guidance_scale < 1e-5: one unguided pass per evaluation (sample()'s other branch).
+    codes = _codes(11, seed=3)
+    kwargs = {"num_steps": 4, "guidance_scale": 0.0, "sway_coefficient": 0.3}
+    ours = _decode(executor, codes, voice="Ethan", seed=9, **kwargs)
+    assert torch.equal(ours, _hf_wav(hf_model, codes, "Ethan", 9, **kwargs))
+
+
+def test_noise_prefix_is_the_global_rng_draw(executor) -> None:
+    # What keeps whole requests equal to HF's: CPU randn fills in order, so the request's noise
+    # starts with the noise sample() draws for N codes after torch.manual_seed(seed).
+    noise = executor.noise(1234)
+    assert noise.shape == (1, 2 * 4096, 80)
+    for n in (1, 23, 150):
+        torch.manual_seed(1234)
+        assert torch.equal(noise[:, : 2 * n], torch.randn([1, 2 * n, 80]))
+
+
+def test_keep_returns_the_kept_codes_audio(executor) -> None:
+    codes = _codes(23, seed=6)
+    whole = _decode(executor, codes, seed=4)
+    kept = _decode(executor, codes, seed=4, keep=(5, 17))
+    assert torch.equal(kept, whole[5 * SAMPLES_PER_TOKEN : 17 * SAMPLES_PER_TOKEN])
+
+
+def test_window_uses_the_noise_frames_it_covers(executor, monkeypatch) -> None:
+    # A window at code 24 must start from the request's noise frames [48, ...): the same
+    # decode as a window at 0 whose noise is the request's shifted by those 48 frames.
+    codes = _codes(30, seed=7)
+    at_24 = _decode(executor, codes, seed=5, window_start=24)
+    noise = executor.noise(5)
+    monkeypatch.setattr(executor, "noise", lambda seed: noise[:, 48:])
+    assert torch.equal(at_24, _decode(executor, codes, seed=5))
+
+
+def test_chunked_decode_boundary_error(executor) -> None:
+    """Streaming's windows, joined, against the whole decode (150 codes of the tiny model).
+
+    The error comes from the DiT only seeing its window: per evaluation a frame attends to its
+    block (24 frames = 12 codes) and one block before (layer 0) or after (layer 1), and the 36
+    evaluations of 10-step RK4 carry that further; BigVGAN adds ~12 frames each side. Measured
+    max |chunked - whole| / peak here (seed 0, Chelsie; seed 1, Ethan), boundary = 1 code around
+    each chunk boundary (chunk, left, lookahead in codes):
+      24/12/12 1.2 | 24/24/24 5.7e-2, 1.0e-1 | 24/48/24 5.7e-2 | 24/24/48 4.1e-2, 1.0e-1
+      24/36/36 9.7e-4, 7.6e-4 | 36/36/36 9.4e-4, 8.9e-4 | 48/48/48 3.5e-4, 6.2e-4
+    With less than 3 blocks (36 codes) on either side the error reaches a clipped sample's full
+    swing; the tiny model's waveform is ~90% clipped at +-1, so max error is a harsh measure.
+    """
+    codes = _codes(150, seed=0)
+    whole = _decode(executor, codes, seed=0)
+    joined, windows = _decode_chunked(
+        executor,
+        codes,
+        STREAM_CHUNK_CODES,
+        STREAM_LEFT_CODES,
+        STREAM_LOOKAHEAD_CODES,
+        seed=0,
+    )
+    assert joined.shape == whole.shape
+    assert len(windows) == 5  # 150 codes in chunks of 36
+    error = (joined - whole).abs().max().item() / whole.abs().max().item()
+    assert error <= 2e-3, f"chunked decode: max error {error:.2e} of the peak"  # measured 9.4e-4
 
 
 def test_decode_leaves_the_global_rng_alone(executor) -> None:
@@ -164,6 +289,21 @@ def test_engine_core_runs_each_request_alone_and_frees_it(omni_dir, executor) ->
         assert torch.equal(results[rid], expected)
 
 
+def test_equal_requests_decode_as_one_batch(omni_dir, executor) -> None:
+    # Same length and voice: one DiT batch, each row with its own noise.
+    core = DiffusionEngineCore(DiTConfig(model=omni_dir, device="cpu"), "fifo", "code2wav")
+    requests = {f"r{i}": (_codes(30, seed=i), Code2WavParams(seed=10 + i)) for i in range(3)}
+    for rid, (codes, params) in requests.items():
+        core.add_request(rid, {CODEC_TOKENS: codes}, params)
+    finished, _, _ = core.step()
+    assert sorted(r.request_id for r, _ in finished) == sorted(requests)
+    for request, wav in finished:
+        codes, params = requests[request.request_id]
+        alone = executor.decode(DiTRequest("alone", params, {CODEC_TOKENS: codes}))
+        error = (wav - alone).abs().max().item() / alone.abs().max().item()
+        assert error <= BATCH_TOLERANCE, error
+
+
 def test_bad_requests_are_rejected_at_admission(omni_dir) -> None:
     core = DiffusionEngineCore(DiTConfig(model=omni_dir, device="cpu"), "fifo", "code2wav")
     bad = [
@@ -173,6 +313,18 @@ def test_bad_requests_are_rejected_at_admission(omni_dir) -> None:
         ({CODEC_TOKENS: torch.zeros(3)}, Code2WavParams(), "^codec_tokens: must be a 1-D int"),
         ({CODEC_TOKENS: torch.tensor([1, 65])}, Code2WavParams(), r"^codec_tokens: ids must be"),
         ({CODEC_TOKENS: torch.zeros(4097, dtype=torch.long)}, Code2WavParams(), "^codec_tokens:"),
+        (
+            {CODEC_TOKENS: _codes(3, 0)},
+            Code2WavParams(seed=1, window_start=6),
+            "^window_start: must be a multiple of 12 codes",
+        ),
+        (
+            {CODEC_TOKENS: _codes(12, 0)},
+            Code2WavParams(seed=1, window_start=4092),
+            r"^window_start: the window \[4092, 4104\) ends past the 4096",
+        ),
+        ({CODEC_TOKENS: _codes(3, 0)}, Code2WavParams(seed=1, keep=(1, 4)), "^keep:"),
+        ({CODEC_TOKENS: _codes(3, 0)}, Code2WavParams(keep=(0, 2)), "^seed: windowed"),
     ]
     for i, (inputs, params, match) in enumerate(bad):
         with pytest.raises(ValueError, match=match):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.engine
 PROMPT = "<|im_start|>user\nHello there, how are you today?<|im_end|>\n<|im_start|>assistant\n"
 OTHER = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 THINKER_TOKENS, TALKER_TOKENS, SEED = 24, 40, 7
-CODEC_PAD, CODEC_EOS = 60, 62
+CODEC_PAD, CODEC_BOS, CODEC_EOS = 60, 61, 62
 SAMPLES_PER_CODE = 480
 WAVE_TOLERANCE = 1e-3
 """Largest waveform difference, relative to the reference's peak. The DiT process runs
@@ -161,3 +161,44 @@ def test_text_only_request_skips_the_speech_stages(omni):
 def test_bad_requests_name_the_field(omni, prompt, error):
     with pytest.raises(ValueError, match=error):
         omni.generate(prompt, use_tqdm=False)
+
+
+STREAM_TOLERANCE = 0.05
+"""Largest difference between the joined streamed audio and the whole decode, relative to its
+peak: a chunk sees only its window of codes (tests/diffusion/test_code2wav.py measures it)."""
+
+
+def test_streamed_request_speaks_while_the_thinker_writes(omni):
+    from vllm_omni.engine.omni_engine import StageDelta, StageEvent
+
+    prompt = {"prompt": PROMPT, "voice": "Chelsie"}
+    params = stage_params()
+    params["thinker"] = SamplingParams(temperature=0, max_tokens=64)
+    # No end code (the start code is never sampled): 160 codes, several audio chunks.
+    params["talker"] = SamplingParams(
+        temperature=0, max_tokens=160, repetition_penalty=1.05, stop_token_ids=[CODEC_BOS]
+    )
+    whole = omni.generate(prompt, params, use_tqdm=False)[0]
+
+    async def streamed():
+        inputs, prepared = omni.engine.prepare({**prompt, "stream": True}, params)
+        events: list = []
+        out = await omni.engine.run_prepared(inputs, prepared, on_event=events.append)
+        return out, events
+
+    out, events = omni._call(streamed())
+    assert out.token_ids == whole.token_ids
+    assert out.codec_token_ids == whole.codec_token_ids  # greedy: segments change nothing
+    chunks = [e.data["audio"] for e in events if isinstance(e, StageDelta) and "audio" in e.data]
+    assert len(chunks) >= 2
+    assert torch.equal(torch.cat(chunks), out.audio)
+    assert out.audio.shape == whole.audio.shape
+    error = (out.audio - whole.audio).abs().max().item() / whole.audio.abs().max().item()
+    print(f"streamed vs whole decode: max |diff| / peak = {error:.2e}")
+    assert error <= STREAM_TOLERANCE
+    times = {(e.stage, e.status): e.time for e in events if isinstance(e, StageEvent)}
+    first_audio = next(e.time for e in events if isinstance(e, StageDelta) and "audio" in e.data)
+    # Audio leaves while the talker still speaks. (Whether the talker starts before the thinker
+    # ends depends on the thinker's pace: 64 tokens can be done before the talker's first
+    # segment; benchmarks/omni_audio.py measures the time to first audio.)
+    assert first_audio < times[("talker", "finished")]

@@ -53,7 +53,8 @@ def qwen_image_graph() -> dict[str, Any]:
 def qwen25_omni_graph() -> dict[str, Any]:
     """Thinker (text; hands on its per-token hidden states) -> talker (speech-codec tokens) ->
     code2wav (waveform). Both the thinker's text and the waveform are final outputs; a request
-    that asks for text only runs the thinker alone."""
+    that asks for text only runs the thinker alone. A streamed request starts the talker with
+    the thinker and code2wav with the talker (`stream_input`)."""
     return {
         "model_type": "qwen2_5_omni",
         "stages": [
@@ -77,6 +78,7 @@ def qwen25_omni_graph() -> dict[str, Any]:
                 },
                 "input_modalities": ["embeddings"],
                 "output_modalities": ["codec"],
+                "stream_input": True,
             },
             {
                 "name": "code2wav",
@@ -86,6 +88,7 @@ def qwen25_omni_graph() -> dict[str, Any]:
                 "inputs": {"codec_tokens": "talker.codec_tokens"},
                 "input_modalities": ["codec"],
                 "output_modalities": ["audio"],
+                "stream_input": True,
                 "final_output": True,
             },
         ],

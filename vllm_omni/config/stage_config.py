@@ -56,6 +56,9 @@ class StageConfig:
     dit: Mapping[str, Any] = field(default_factory=dict)
     max_inflight: int = 64
     final_output: bool = False
+    stream_input: bool = False
+    """Start as soon as the (single) source starts, reading its partial outputs as they come
+    (`inputs["upstream"]`, see vllm_omni.engine.upstream), instead of after it finishes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -92,6 +95,10 @@ class StageConfig:
         for key, source in self.inputs.items():
             if not isinstance(source, str) or source.count(".") != 1:
                 raise ValueError(f"inputs.{key}: must be 'stage.tensor', got {source!r}")
+        if self.stream_input and len(self.sources) != 1:
+            raise ValueError(
+                f"stream_input: a streaming stage reads exactly one source, got {self.sources}"
+            )
         if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
             raise ValueError(f"max_inflight: must be an integer >= 1, got {self.max_inflight!r}")
         if self.engine_type == "DiT":

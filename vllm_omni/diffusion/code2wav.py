@@ -5,17 +5,23 @@ Runs transformers' own `Qwen2_5OmniToken2WavModel` (flow-matching DiT + BigVGAN)
 stage's process, loaded alone from the full Qwen2.5-Omni folder: the thinker and talker
 weights are never read. Each request decodes by itself, as HF's `generate` does, so that a
 request's waveform depends only on its codes, voice and seed - never on what it shared a
-step with. The only randomness is the DiT's initial noise, drawn from torch's global RNG
-inside `sample()`; seeding that RNG per request (in a forked RNG state) makes a waveform
-equal HF's `torch.manual_seed(seed)` followed by the same token2wav call.
+step with.
+
+The only randomness is the DiT's initial noise. Instead of letting `sample()` draw it from
+torch's global RNG, `_sample_mel` (the same steps as `sample()`, on the same transformers
+modules) takes it as an argument: a request's noise is one CPU draw of
+`[1, 2 * max_codec_tokens, mel_dim]` from a generator seeded with its seed, and a decode uses
+the frames its codes cover, so a window of the codes (streaming) starts from the very noise the
+whole decode gives them. CPU randn fills in order, 16 values at a time (a size that is not a
+multiple of 16 redraws its tail), so with 2 * mel_dim = 160 values per code the first 2N frames
+equal `torch.manual_seed(seed); torch.randn([1, 2N, mel_dim])`: a whole request equals HF's
+`torch.manual_seed(seed)` + token2wav bitwise.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -33,6 +39,16 @@ CODEC_TOKENS = "codec_tokens"
 SAMPLE_RATE = 24_000  # Qwen2.5-Omni's BigVGAN output rate (model card); not in the config
 WEIGHT_PREFIX = "token2wav."
 SPEAKER_FILE = "spk_dict.pt"
+
+# Streaming defaults, in codec tokens (one token = 2 mel frames = 40 ms of audio): each window
+# decodes a chunk plus left context and look-ahead and keeps the chunk's audio. The DiT only sees
+# its window, so the context must span enough attention blocks (12 codes each in Qwen2.5-Omni):
+# on the tiny model, 3 blocks each side keep the joined audio within ~1e-3 of the whole decode's
+# peak, 2 blocks give ~1e-1 (tests/diffusion/test_code2wav.py, test_chunked_decode_boundary_error).
+# Cost: ~2.7x the codes of one whole decode; first audio after 72 codes.
+STREAM_CHUNK_CODES = 36
+STREAM_LEFT_CODES = 36
+STREAM_LOOKAHEAD_CODES = 36
 
 
 def load_token2wav(folder: str | Path, device: torch.device):
@@ -75,6 +91,77 @@ def load_voices(folder: str | Path) -> dict[str, dict[str, object]]:
     return voices
 
 
+def chunk_windows(
+    num_codes: int, chunk: int, left: int, lookahead: int, align: int
+) -> list[tuple[int, int, int, int]]:
+    """Windows for a chunked decode of `num_codes` codes, as absolute code indices
+    `(window_start, window_end, keep_start, keep_end)`: the kept ranges are `chunk` codes each
+    (the last may be shorter) and tile [0, num_codes) in order; each window adds up to `left`
+    codes before its kept range, its start aligned down to `align` (the DiT's block, in codes),
+    and up to `lookahead` codes after it."""
+    for name, value, low in (
+        ("num_codes", num_codes, 0),
+        ("chunk", chunk, 1),
+        ("left", left, 0),
+        ("lookahead", lookahead, 0),
+        ("align", align, 1),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+    windows = []
+    for keep_start in range(0, num_codes, chunk):
+        keep_end = min(num_codes, keep_start + chunk)
+        window_start = max(0, keep_start - left) // align * align
+        windows.append((window_start, min(num_codes, keep_end + lookahead), keep_start, keep_end))
+    return windows
+
+
+def _sample_mel(
+    dit,
+    conditioning: torch.Tensor,
+    reference_mel: torch.Tensor,
+    codes: torch.Tensor,
+    noise: torch.Tensor,
+    num_steps: int,
+    guidance_scale: float,
+    sway_coefficient: float,
+) -> torch.Tensor:
+    """`Qwen2_5OmniToken2WavDiTModel.sample` starting from `noise` ([1, frames, mel_dim])
+    instead of a global-RNG draw: the same calls in the same order, so the mel is bitwise
+    `sample()`'s for the same noise. Returns the mel as [1, mel_dim, frames]."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+    frames = codes.shape[1] * dit.repeats
+    if noise.shape != (codes.shape[0], frames, dit.mel_dim):
+        expected = (codes.shape[0], frames, dit.mel_dim)
+        raise ValueError(f"noise: expected shape {expected}, got {noise.shape}")
+    conditioning = conditioning.unsqueeze(1).repeat(1, frames, 1)  # one per mel frame
+    guided = guidance_scale >= 1e-5  # sample()'s threshold for classifier-free guidance
+
+    def ode_function(time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        # apply_cfg=True runs the conditioned and unconditioned passes as one batch of two.
+        prediction = dit(
+            hidden_states=state,
+            speaker_embedding=conditioning,
+            condition_vector=reference_mel,
+            quantized_code=codes,
+            time_step=time_step,
+            drop_audio_conditioning=False,
+            drop_code=False,
+            apply_cfg=guided,
+        )
+        if not guided:
+            return prediction
+        conditioned, unconditioned = torch.chunk(prediction, 2, dim=0)
+        return conditioned + (conditioned - unconditioned) * guidance_scale
+
+    times = torch.linspace(0, 1, num_steps, device=codes.device, dtype=conditioning.dtype)
+    # sample()'s "sway" schedule: more of the steps near t = 0 for a negative coefficient.
+    times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
+    trajectory = RungeKutta4ODESolver(function=ode_function, initial_value=noise).integrate(times)
+    return trajectory[-1].permute(0, 2, 1)
+
+
 class Code2WavExecutor:
     """Whole requests only (`fifo` scheduling); see the module docstring."""
 
@@ -102,8 +189,17 @@ class Code2WavExecutor:
             }
         dit = self.model.config.dit_config
         self.repeats = dit.repeats  # mel frames per codec token
+        self.mel_dim = dit.mel_dim
         self.hop = math.prod(self.model.config.bigvgan_config.upsample_rates)
         self.max_codec_tokens = dit.max_position_embeddings // dit.repeats
+        # The DiT's block attention numbers its blocks from frame 0 of its input: a window
+        # must start on a block boundary of the whole sequence to see the same blocks.
+        if dit.block_size % dit.repeats:
+            raise ValueError(
+                f"block_size: the DiT's block ({dit.block_size} frames) must hold whole codec "
+                f"tokens ({dit.repeats} frames each) for windowed decoding"
+            )
+        self.window_align = dit.block_size // dit.repeats
         self.num_codes = dit.num_embeds + 1  # the DiT's codec table has num_embeds + 1 rows
         logger.info(
             "code2wav stage: loaded token2wav of %s (voices %s) on %s in %.1f s",
@@ -124,6 +220,7 @@ class Code2WavExecutor:
             "voices": sorted(self.voices),
             "samples_per_token": self.samples_per_token,
             "max_codec_tokens": self.max_codec_tokens,
+            "window_align": self.window_align,  # window_start must be a multiple of it
         }
 
     def check_request(self, request: DiTRequest) -> None:
@@ -152,6 +249,25 @@ class Code2WavExecutor:
                 f"{CODEC_TOKENS}: ids must be in [0, {self.num_codes}), got "
                 f"[{int(codes.min())}, {int(codes.max())}] (cut the codes at the first eos)"
             )
+        self._check_window(p, codes.numel())
+
+    def _check_window(self, p: Code2WavParams, num_codes: int) -> None:
+        windowed = p.window_start > 0 or p.keep is not None
+        if windowed and p.seed is None:
+            # Each window must draw the noise the whole decode would: the same seed.
+            raise ValueError("seed: windowed decoding (window_start / keep) needs a seed")
+        if p.window_start % self.window_align:
+            raise ValueError(
+                f"window_start: must be a multiple of {self.window_align} codes (the DiT's "
+                f"attention block), got {p.window_start}"
+            )
+        if p.window_start + num_codes > self.max_codec_tokens:
+            raise ValueError(
+                f"window_start: the window [{p.window_start}, {p.window_start + num_codes}) "
+                f"ends past the {self.max_codec_tokens} codec tokens a request may have"
+            )
+        if p.keep is not None and p.keep[1] > num_codes:
+            raise ValueError(f"keep: {p.keep} reaches past the window's {num_codes} codes")
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         codes = request.inputs.get(CODEC_TOKENS)
@@ -165,41 +281,57 @@ class Code2WavExecutor:
         for request_id in scheduled.new_request_ids:  # held while it decodes; aborts free it
             self.cache.allocate(request_id, requests[request_id].inputs)
         for group in scheduled.groups:
-            for request_id in group:
-                start = time.perf_counter()
-                out.finished[request_id] = self.decode(requests[request_id])
-                out.step_seconds.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            batch = [requests[request_id] for request_id in group]
+            out.finished.update(zip(group, self.decode_batch(batch)))
+            out.step_seconds.append(time.perf_counter() - start)
         return out
 
-    @torch.inference_mode()
+    def noise(self, seed: int | None) -> torch.Tensor:
+        """The request's initial noise for every frame it may have, [1, frames, mel_dim] on the
+        CPU. Seed None continues the process's RNG (whole decodes only)."""
+        shape = [1, self.max_codec_tokens * self.repeats, self.mel_dim]
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        return torch.randn(shape, generator=generator)
+
     def decode(self, request: DiTRequest) -> torch.Tensor:
-        """One request's waveform: 1-D float32 on the CPU."""
-        p = request.params
-        codes = request.inputs[CODEC_TOKENS].to(self.device, torch.long)
-        if codes.numel() == 0:
-            return torch.zeros(0, dtype=torch.float32)
-        voice = self.voices[p.voice]
-        with _seeded(p.seed, self.device):
-            wav = self.model(
-                codes[None],
-                conditioning=voice["cond"],
-                reference_mel=voice["ref_mel"],
-                num_steps=p.num_steps,
-                guidance_scale=p.guidance_scale,
-                sway_coefficient=p.sway_coefficient,
-            )
-        return wav.reshape(-1).float().cpu()
+        """One request's (or window's) waveform: 1-D float32 on the CPU, the kept codes'
+        samples only."""
+        return self.decode_batch([request])[0]
 
-
-@contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Seeds torch's global RNG for one decode and restores it after, so that a request's
-    noise depends on its seed alone. Seed None: the noise continues the process's RNG."""
-    if seed is None:
-        yield
-        return
-    # The DiT draws its noise on the codes' device: fork that device's RNG too.
-    devices = [] if device.type == "cpu" else [device]
-    with torch.random.fork_rng(devices=devices, device_type=device.type):
-        torch.manual_seed(seed)  # what HF's reference does: seeds every device's generator
-        yield
+    @torch.inference_mode()
+    def decode_batch(self, requests: list[DiTRequest]) -> list[torch.Tensor]:
+        """Waveforms of requests that share a `pipeline_key` (as many codes, the same voice and
+        ODE settings), as one batch: each row keeps its own noise, so a request's audio does not
+        depend on its batch (up to float rounding of the batched kernels)."""
+        p0 = requests[0].params
+        codes = torch.stack([r.inputs[CODEC_TOKENS].to(self.device, torch.long) for r in requests])
+        if codes.shape[1] == 0:
+            return [torch.zeros(0, dtype=torch.float32) for _ in requests]
+        voice = self.voices[p0.voice]
+        rows = []
+        for r in requests:
+            self._check_window(r.params, codes.shape[1])
+            first = r.params.window_start * self.repeats
+            # Drawn on the CPU, also for a CUDA model: the draw then depends on the seed alone,
+            # but a CUDA waveform differs from HF's on CUDA, whose sample() draws with the CUDA RNG.
+            rows.append(self.noise(r.params.seed)[:, first : first + codes.shape[1] * self.repeats])
+        batch = len(requests)
+        mel = _sample_mel(
+            self.model.code2wav_dit_model,
+            voice["cond"].expand(batch, -1),
+            voice["ref_mel"].expand(batch, -1, -1),
+            codes,
+            torch.cat(rows).to(self.device, voice["ref_mel"].dtype),  # sample() draws in its dtype
+            num_steps=p0.num_steps,
+            guidance_scale=p0.guidance_scale,
+            sway_coefficient=p0.sway_coefficient,
+        )
+        wavs = self.model.code2wav_bigvgan_model(mel).reshape(batch, -1).float().cpu()
+        out = []
+        for r, wav in zip(requests, wavs):
+            if r.params.keep is not None:
+                keep = r.params.keep
+                wav = wav[keep[0] * self.samples_per_token : keep[1] * self.samples_per_token]
+            out.append(wav)
+        return out

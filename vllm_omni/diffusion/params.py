@@ -74,6 +74,13 @@ class Code2WavParams:
     starts from random noise; the output reports the seed). `num_steps`, `guidance_scale` and
     `sway_coefficient` are transformers' token2wav arguments, with its defaults:
     `guidance_scale` below 1e-5 turns classifier-free guidance off.
+
+    Windowed decoding (streaming): `codec_tokens` may be a window of the request's whole codec
+    sequence. `window_start` is the index, in that whole sequence, of the window's first code:
+    the window is decoded with the noise frames the whole decode gives those codes (so the
+    executor needs a seed; the stage fills one in). `keep` is a range `(start, end)` of codes,
+    relative to the window, whose audio is returned; None returns all. The executor checks what
+    depends on the model (the DiT's block alignment, the window's length).
     """
 
     voice: str = "Chelsie"
@@ -81,6 +88,8 @@ class Code2WavParams:
     num_steps: int = 10
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
+    window_start: int = 0
+    keep: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.voice, str) or not self.voice:
@@ -98,6 +107,22 @@ class Code2WavParams:
             raise ValueError(
                 f"sway_coefficient: must be a finite number, got {self.sway_coefficient!r}"
             )
+        if not _is_int(self.window_start) or self.window_start < 0:
+            raise ValueError(f"window_start: must be an integer >= 0, got {self.window_start!r}")
+        if self.keep is not None:
+            keep = self.keep
+            if (
+                not isinstance(keep, (tuple, list))
+                or len(keep) != 2
+                or not all(_is_int(k) for k in keep)
+                or not 0 <= keep[0] < keep[1]
+            ):
+                raise ValueError(
+                    f"keep: must be None or two integers (start, end) with 0 <= start < end, "
+                    f"got {keep!r}"
+                )
+            # A JSON body gives a list: store the tuple, so that equal params compare equal.
+            object.__setattr__(self, "keep", tuple(keep))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Code2WavParams:

@@ -43,9 +43,19 @@ class DiTRequest:
         """Requests with equal keys can share one whole-pipeline call (request mode)."""
         p = self.params
         if isinstance(p, Code2WavParams):
-            # Each decode runs alone (as HF's generate does), and a step's results go out only
-            # when the step ends: grouping would just hold back the first request's audio.
-            return ("code2wav", self.request_id)
+            # One batch needs equal code counts (no padding: the DiT attends over every frame)
+            # and one voice (its reference mel sets the shape of the speaker input).
+            num_codes = (
+                int(self.inputs["codec_tokens"].numel()) if "codec_tokens" in self.inputs else -1
+            )
+            return (
+                "code2wav",
+                num_codes,
+                p.voice,
+                p.num_steps,
+                p.guidance_scale,
+                p.sway_coefficient,
+            )
         return (p.height, p.width, p.num_inference_steps, p.true_cfg_scale, p.do_cfg, p.output_type)
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,13 +138,20 @@ class ARStage:
             )
         return params
 
-    async def run(self, request_id: str, inputs: dict[str, Any], params: Any) -> dict[str, Any]:
+    async def run(
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params: Any,
+        emit: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """`emit`, if given, hears partial outputs of a generating processor (text deltas)."""
         self.busy.enter()  # occupancy: from submission until the output is back
         try:
             if self.is_encoder:
                 out = await self._encode(request_id, inputs)
             elif self.processor is not None:
-                out = await self.processor.run(self, request_id, inputs, params)
+                out = await self.processor.run(self, request_id, inputs, params, emit)
             else:
                 out = await self._generate(request_id, inputs, params)
         finally:

@@ -24,13 +24,14 @@ from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.ar_stage import ARStage
 from vllm_omni.engine.dit_stage import DiTStage
+from vllm_omni.engine.upstream import Upstream
 from vllm_omni.logger import init_logger
 from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, StageTiming
 
 logger = init_logger(__name__)
 
-PROMPT_FIELDS = ("prompt", "negative_prompt")
-REQUEST_OPTIONS = ("voice", "modalities")
+PROMPT_FIELDS = ("prompt", "negative_prompt", "messages")
+REQUEST_OPTIONS = ("voice", "modalities", "stream")
 """Request-level options every stage sees among its inputs (the talker needs the voice)."""
 
 
@@ -41,6 +42,16 @@ class StageEvent:
     request_id: str
     stage: str
     status: str
+    time: float
+
+
+@dataclass(frozen=True)
+class StageDelta:
+    """Partial output of a stage while it runs, e.g. {"text": "Hel"} from a generating stage."""
+
+    request_id: str
+    stage: str
+    data: dict[str, Any]
     time: float
 
 
@@ -78,8 +89,10 @@ class OmniEngine:
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Validate a request; returns (prompt inputs, parameters per stage it runs).
 
-        A prompt mapping may also carry request options: `voice` (speech stages) and
-        `modalities` (a subset of the graph's outputs; default all of them)."""
+        A prompt mapping may also carry request options: `voice` (speech stages),
+        `modalities` (a subset of the graph's outputs; default all of them) and `stream` (True:
+        stages marked `stream_input` start with their source and emit partial outputs; what
+        AsyncOmniLLM.stream and streamed HTTP replies ask for)."""
         if isinstance(prompt, str):
             inputs: dict[str, Any] = {"prompt": prompt}
         elif isinstance(prompt, Mapping):
@@ -90,11 +103,15 @@ class OmniEngine:
             inputs = dict(prompt)
         else:
             raise ValueError(f"prompt: must be a string or a mapping, got {type(prompt).__name__}")
-        for name in PROMPT_FIELDS + ("voice",):
+        for name in ("prompt", "negative_prompt", "voice"):
             value = inputs.get(name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: must be a string, got {type(value).__name__}")
-        if not (inputs.get("prompt") or "").strip():
+        if not isinstance(inputs.get("stream", False), bool):
+            raise ValueError(f"stream: must be true or false, got {inputs['stream']!r}")
+        if inputs.get("messages") is not None:
+            self._check_messages(inputs)
+        elif not (inputs.get("prompt") or "").strip():
             raise ValueError("prompt: must not be empty")
         inputs["modalities"] = self._modalities(inputs.get("modalities"))
         runs = self.graph.stages_for(inputs["modalities"])
@@ -128,6 +145,21 @@ class OmniEngine:
         ):
             raise ValueError("voice: this request produces no speech (no audio stage runs)")
         return inputs, params
+
+    def _check_messages(self, inputs: dict[str, Any]) -> None:
+        """Chat messages go to a first stage that renders them with vLLM's chat template and
+        multimodal parsing (Qwen2.5-Omni's thinker); vLLM checks their content."""
+        messages = inputs["messages"]
+        if inputs.get("prompt") is not None:
+            raise ValueError("messages: give either a prompt or messages, not both")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages: must be a non-empty list of messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, Mapping) or "role" not in message:
+                raise ValueError(f"messages[{i}]: must be a mapping with a 'role'")
+        first = [self.stages[s.name] for s in self.graph.stages if not s.sources]
+        if not all(getattr(getattr(s, "processor", None), "takes_messages", False) for s in first):
+            raise ValueError("messages: this model takes a text prompt, not chat messages")
 
     def _modalities(self, requested: Any) -> tuple[str, ...]:
         available = self.graph.output_modalities
@@ -185,9 +217,10 @@ class OmniEngine:
         inputs: dict[str, Any],
         params: dict[str, Any],
         request_id: str | None = None,
-        on_event: Callable[[StageEvent], None] | None = None,
+        on_event: Callable[[StageEvent | StageDelta], None] | None = None,
     ) -> OmniRequestOutput:
-        """Run a request validated by `prepare`; `on_event` hears each stage start and finish."""
+        """Run a request validated by `prepare`; `on_event` hears each stage start and finish,
+        and the partial outputs of stages that stream (StageDelta)."""
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request_id: {request_id!r} is already running")
@@ -195,10 +228,21 @@ class OmniEngine:
         arrival = time.monotonic()
         timings: dict[str, StageTiming] = {}
         tasks: dict[str, asyncio.Task] = {}
+        upstreams: dict[str, Upstream] = {}  # streaming stage -> what it reads
+        listeners: dict[str, list[Upstream]] = {}  # source stage -> the streams it feeds
+        for name in params:
+            config = self.graph[name]
+            if config.stream_input and inputs.get("stream"):
+                edges = {key: source.split(".")[1] for key, source in config.inputs.items()}
+                upstreams[name] = Upstream(edges)
+                listeners.setdefault(config.sources[0], []).append(upstreams[name])
 
         async def run_stage(stage_name: str) -> dict[str, Any]:
             config = self.graph[stage_name]
-            if config.sources:
+            if stage_name in upstreams:  # starts with its source, reads it as it goes
+                stage_inputs = {k: inputs[k] for k in REQUEST_OPTIONS if k in inputs}
+                stage_inputs["upstream"] = upstreams[stage_name]
+            elif config.sources:
                 done = dict(
                     zip(config.sources, await asyncio.gather(*(tasks[s] for s in config.sources)))
                 )
@@ -214,9 +258,21 @@ class OmniEngine:
                 start = time.monotonic()
                 if on_event is not None:
                     on_event(StageEvent(request_id, stage_name, "started", start))
+                streams = listeners.get(stage_name, [])
+                emit = None
+                if on_event is not None or streams:
+
+                    def emit(data: dict[str, Any], name: str = stage_name) -> None:
+                        for stream in streams:
+                            stream.put(data)
+                        if on_event is not None:
+                            on_event(StageDelta(request_id, name, data, time.monotonic()))
+
                 out = await self.stages[stage_name].run(
-                    request_id, stage_inputs, params[stage_name]
+                    request_id, stage_inputs, params[stage_name], emit
                 )
+                for stream in streams:
+                    stream.put(out, final=True)
             timings[stage_name] = StageTiming(queued, start, time.monotonic())
             if on_event is not None:
                 on_event(StageEvent(request_id, stage_name, "finished", timings[stage_name].end))

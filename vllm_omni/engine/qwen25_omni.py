@@ -48,6 +48,7 @@ def _sampling_params(params: Any, stage_name: str):
 @dataclass(frozen=True)
 class ThinkerGenerator:
     takes_user_params = True
+    takes_messages = True
     wants_hidden_states = True
 
     def for_stage(self, config) -> ThinkerGenerator:
@@ -66,20 +67,52 @@ class ThinkerGenerator:
     def validate(self, params: Any, stage_name: str):
         return _sampling_params(params, stage_name)
 
-    async def run(self, stage, request_id: str, inputs: dict[str, Any], params) -> dict[str, Any]:
-        final = None
+    async def run(
+        self, stage, request_id: str, inputs: dict[str, Any], params, emit=None
+    ) -> dict[str, Any]:
+        prompt = inputs.get("prompt")
+        if inputs.get("messages") is not None:
+            prompt = await render_chat(stage.engine, inputs["messages"])
+        final, sent, rows = None, 0, []
         try:
-            async for out in stage.engine.generate(inputs["prompt"], params, request_id):
+            async for out in stage.engine.generate(prompt, params, request_id):
                 final = out
+                delta: dict[str, Any] = {}
+                text = out.outputs[0].text
+                if len(text) > sent:
+                    delta["text"], sent = text[sent:], len(text)
+                new_rows = stage.hidden_states.take(request_id)
+                if new_rows is not None:  # what the talker can speak from, so far
+                    rows.append(new_rows)
+                    delta["thinker_states"] = new_rows
+                    delta["prompt_token_ids"] = list(out.prompt_token_ids)
+                if emit is not None and delta:
+                    emit(delta)
         finally:
-            states = stage.hidden_states.take(request_id)
+            last = stage.hidden_states.take(request_id)
+        rows += [last] if last is not None else []
+        states = torch.cat(rows) if rows else None
         completion = final.outputs[0]
         return {
             "text": completion.text,
             "token_ids": list(completion.token_ids),
             "prompt_token_ids": list(final.prompt_token_ids),
+            "finish_reason": completion.finish_reason,
             "thinker_states": states,
         }
+
+
+async def render_chat(engine, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's own chat rendering: the model's chat template, and images/audio parsed as vLLM's
+    chat API parses them. Malformed messages raise ValueError naming `messages`."""
+    from vllm.renderers.params import ChatParams
+
+    params = ChatParams(chat_template_kwargs={"add_generation_prompt": True})
+    try:
+        _, prompt = await engine.renderer.render_messages_async(messages, params)
+    except Exception as e:  # vLLM raises several kinds for bad content; all are the client's
+        raise ValueError(f"messages: {e}") from None
+    return prompt
 
 
 @dataclass(frozen=True)
@@ -137,35 +170,44 @@ def thinker_embedding_rows(folder: Path, token_ids: list[int]) -> torch.Tensor:
 
 
 def talker_input(
-    states: torch.Tensor, num_prompt: int, specials: TalkerSpecials, voice: str
+    states: torch.Tensor,
+    num_prompt: int,
+    specials: TalkerSpecials,
+    voice: str,
+    finished: bool = True,
 ) -> tuple[list[int], torch.Tensor, int]:
     """The talker's prompt token ids, conditioning rows and `codec_from`, as transformers builds
     them: prompt rows (thinker hidden + embedding, no codec term), the voice's start embedding
     with the codec pad, the first reply token with the codec start; then, one per generated
-    code, the remaining reply tokens, the text-end and text-pad embeddings (the last repeats)."""
+    code, the remaining reply tokens, the text-end and text-pad embeddings (the last repeats).
+    With `finished` False (the thinker is still writing) the rows end at its newest token."""
     width = states.shape[1] // 2
     states = states.float()
     thinker = states[:, :width] + states[:, width:]  # hidden + token embedding
     prompt, reply = thinker[:num_prompt], thinker[num_prompt:]
-    rows = torch.cat(
-        [
-            prompt,
-            specials.voices[voice][None],
-            reply[:1],
-            reply[1:],
-            specials.text_eos[None],
-            specials.text_pad[None],
-        ]
-    )
+    ends = [specials.text_eos[None], specials.text_pad[None]] if finished else []
+    rows = torch.cat([prompt, specials.voices[voice][None], reply, *ends])
     ids = [specials.codec_mask] * num_prompt + [specials.codec_pad, specials.codec_bos]
     return ids, rows, num_prompt
 
 
+def speakable_codes(rows: torch.Tensor, num_prompt: int, finished: bool) -> float:
+    """How many codes the talker can generate from these conditioning rows: code k reads row
+    num_prompt + 1 + k; once the thinker has finished, the last row repeats for ever."""
+    return float("inf") if finished else rows.shape[0] - num_prompt - 1
+
+
 @dataclass(frozen=True)
 class TalkerGenerator:
+    """Speaks while the thinker writes: with `stream_input` the talker generates in segments,
+    each a vLLM request that continues the previous one (its prompt is the codes so far, found
+    in the prefix cache under the request's own `cache_salt`), as far as the thinker's newest
+    hidden state allows; greedy decoding gives the same codes as one request."""
+
     takes_user_params = False
     wants_hidden_states = False
     specials: TalkerSpecials | None = field(default=None, compare=False)
+    min_segment: int = 16  # codes: fewer and a segment's prefill would cost more than it speaks
 
     def for_stage(self, config) -> TalkerGenerator:
         return TalkerGenerator(TalkerSpecials.load(config.model))
@@ -179,9 +221,6 @@ class TalkerGenerator:
             "hf_overrides": talker_hf_overrides,
             "skip_tokenizer_init": True,
             "generation_config": "vllm",
-            # Every talker prompt is [mask] * n + [pad, bos]: a cache hit would reuse another
-            # request's conditioning.
-            "enable_prefix_caching": False,
             "async_scheduling": False,
             "enforce_eager": True,  # conditioning is set per step (see vllm_omni.worker.talker)
         }
@@ -201,30 +240,87 @@ class TalkerGenerator:
             raise ValueError(f"voice: unknown voice {requested!r}; known: {voices}")
         return requested
 
-    async def run(self, stage, request_id: str, inputs: dict[str, Any], params) -> dict[str, Any]:
+    async def run(
+        self, stage, request_id: str, inputs: dict[str, Any], params, emit=None
+    ) -> dict[str, Any]:
+        voice = self.voice(inputs.get("voice"))
+        upstream = inputs.get("upstream")
+        if upstream is None:  # the thinker has finished: everything at once
+            upstream = _once(inputs)
+        budget = params.max_tokens or TALKER_MAX_TOKENS
+        pieces: list[torch.Tensor] = []
+        num_prompt, finished, codes, segment = None, False, [], 0
+        feed = upstream.__aiter__()
+        while True:
+            if not finished and (num_prompt is None or self._ready(pieces, num_prompt, codes)):
+                outputs, finished = await feed.__anext__()
+                num_prompt = len(outputs.get("prompt_token_ids") or ()) or num_prompt
+                if finished:
+                    pieces = (
+                        [outputs["thinker_states"]]
+                        if outputs.get("thinker_states") is not None
+                        else []
+                    )
+                elif outputs.get("thinker_states") is not None:
+                    pieces.append(outputs["thinker_states"])
+                continue
+            states = torch.cat(pieces) if pieces else None
+            if states is None or states.shape[0] < num_prompt + 1:
+                break  # no reply to speak
+            ids, rows, codec_from = await asyncio.to_thread(
+                talker_input, states, num_prompt, self.specials, voice, finished
+            )
+            want = min(speakable_codes(rows, num_prompt, finished), budget) - len(codes)
+            if want <= 0:
+                break
+            new, stopped = await self._segment(
+                stage, f"{request_id}#{segment}", request_id, ids + codes, rows, codec_from,
+                params, int(want), emit,
+            )  # fmt: skip
+            segment += 1
+            codes += new
+            if stopped or len(codes) >= budget or (finished and not new):
+                break
+        return {"codec_tokens": torch.tensor(codes, dtype=torch.long)}
+
+    def _ready(self, pieces: list[torch.Tensor], num_prompt: int, codes: list[int]) -> bool:
+        """Whether to wait for more thinker states before the next segment."""
+        rows = sum(p.shape[0] for p in pieces) + 1  # + the voice row
+        return rows - num_prompt - 1 - len(codes) < self.min_segment
+
+    async def _segment(
+        self, stage, segment_id, salt, ids, rows, codec_from, params, max_tokens, emit
+    ) -> tuple[list[int], bool]:
+        """One talker request continuing the codes in `ids`; (new codes, stopped at an end).
+        `emit` hears the codes as they are generated."""
         from vllm import TokensPrompt
 
         from vllm_omni.worker.talker import PAYLOAD_KEY, encode_payload
 
         s = self.specials
-        states, num_prompt = inputs["thinker_states"], len(inputs["prompt_token_ids"])
-        if states is None or states.shape[0] < num_prompt + 1:
-            return {"codec_tokens": torch.zeros(0, dtype=torch.long)}  # no reply to speak
-        ids, rows, codec_from = await asyncio.to_thread(
-            talker_input, states, num_prompt, s, self.voice(inputs.get("voice"))
-        )
         params = params.clone()
+        params.max_tokens = max_tokens
         payload = encode_payload(rows, codec_from)
         params.extra_args = {**(params.extra_args or {}), PAYLOAD_KEY: payload}
         if not params.stop_token_ids:
             params.stop_token_ids = [s.codec_pad, s.codec_eos]
         if params.allowed_token_ids is None:  # transformers suppresses the codec start token
             params.allowed_token_ids = [i for i in range(s.vocab_size) if i != s.codec_bos]
-        final = None
-        prompt = TokensPrompt(prompt_token_ids=ids)
-        async for out in stage.engine.generate(prompt, params, request_id):
-            final = out
-        codes = list(final.outputs[0].token_ids)
-        ends = [i for i, c in enumerate(codes) if c in (s.codec_pad, s.codec_eos)]
-        codes = codes[: ends[0]] if ends else codes
-        return {"codec_tokens": torch.tensor(codes, dtype=torch.long)}
+        # The salt keeps this request's cached blocks to itself: every talker prompt starts
+        # with the same codes, but the conditioning differs.
+        prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=salt)
+        codes: list[int] = []
+        async for out in stage.engine.generate(prompt, params, segment_id):
+            fresh = list(out.outputs[0].token_ids)[len(codes) :]
+            ends = [i for i, c in enumerate(fresh) if c in params.stop_token_ids]
+            fresh = fresh[: ends[0]] if ends else fresh
+            codes += fresh
+            if emit is not None and fresh:
+                emit({"codec_tokens": torch.tensor(fresh, dtype=torch.long)})
+            if ends:
+                return codes, True
+        return codes, False
+
+
+async def _once(inputs: dict[str, Any]):
+    yield {k: inputs.get(k) for k in ("thinker_states", "prompt_token_ids")}, True

@@ -3,8 +3,8 @@
 
     omni = await AsyncOmniLLM.create("path/to/Qwen-Image")
     output = await omni.generate("a red cat", DiffusionSamplingParams(seed=0))
-    async for event in omni.stream("a red cat", params):   # per-stage progress, then the output
-        print(event)
+    async for event in omni.stream("a red cat", params):   # per-stage progress and partial
+        print(event)                                       # outputs, then the output
 
 Cancelling the awaiting task (or `abort(request_id)`) cancels the request in every stage and
 frees its KV blocks and DiT cache entry.
@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.config.stage_config import StageGraph
-from vllm_omni.engine.omni_engine import OmniEngine, StageEvent
+from vllm_omni.engine.omni_engine import OmniEngine, StageDelta, StageEvent
 from vllm_omni.outputs import OmniRequestOutput
 
 
@@ -70,9 +70,13 @@ class AsyncOmniLLM:
         prompt: str | Mapping[str, str],
         sampling_params: Any = None,
         request_id: str | None = None,
-    ) -> AsyncIterator[StageEvent | RequestFinished]:
-        """Yield a StageEvent as each stage starts and finishes the request, then the output."""
-        inputs, params = self.engine.prepare(prompt, sampling_params)
+    ) -> AsyncIterator[StageEvent | StageDelta | RequestFinished]:
+        """Yield a StageEvent as each stage starts and finishes the request, a StageDelta for
+        each partial output (the thinker's text as it is written, the talker's codes, audio
+        chunks: stages marked `stream_input` start with their source), then the output."""
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        inputs, params = self.engine.prepare({**prompt, "stream": True}, sampling_params)
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.create_task(
             self.engine.run_prepared(inputs, params, request_id, on_event=events.put_nowait)

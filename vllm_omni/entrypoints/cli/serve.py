@@ -28,6 +28,19 @@ def is_diffusers_pipeline(model: str) -> bool:
     return (Path(model) / "model_index.json").is_file()
 
 
+def is_multi_stage(model: str) -> bool:
+    """A diffusers pipeline, or a transformers folder with a graph of its own (Qwen2.5-Omni);
+    a plain language model is served by vLLM's own server."""
+    from vllm_omni.config.model_defaults import CONFIG_MODEL_TYPES, detect_model_type
+
+    if is_diffusers_pipeline(model):
+        return True
+    try:
+        return detect_model_type(model) in CONFIG_MODEL_TYPES
+    except ValueError:
+        return False
+
+
 class OmniServeCommand(ServeSubcommand):
     """vLLM's `serve` subcommand, extended with model-type detection for omni stage graphs."""
 
@@ -60,7 +73,7 @@ class OmniServeCommand(ServeSubcommand):
     def cmd(args: argparse.Namespace) -> None:
         if getattr(args, "model_tag", None) is not None:
             args.model = args.model_tag
-        if is_diffusers_pipeline(args.model) or args.stage_configs is not None:
+        if is_multi_stage(args.model) or args.stage_configs is not None:
             serve_stage_graph(args)
             return
         ServeSubcommand.cmd(args)
@@ -90,6 +103,10 @@ def server_config(args: argparse.Namespace):
         override: dict = {"engine_args": engine_args}
         if args.enforce_eager:
             engine_args["enforce_eager"] = True
+        if getattr(args, "dtype", "auto") != "auto":
+            engine_args["dtype"] = args.dtype
+        if getattr(args, "max_model_len", None) is not None:
+            engine_args["max_model_len"] = args.max_model_len
         if args.pipeline_parallel_size > 1:
             engine_args["pipeline_parallel_size"] = args.pipeline_parallel_size
         if args.cpp:

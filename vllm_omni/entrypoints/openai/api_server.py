@@ -3,10 +3,11 @@
 
     vllm serve path/to/Qwen-Image --omni        (or: vllm-omni serve path/to/Qwen-Image)
 
-Routes: POST /v1/images/generations, POST /v1/chat/completions (image output: the reply's
-content is `image_url` parts), GET /v1/models, GET /health, GET /metrics. `--api-key`
-guards every route. Bad input gets HTTP 400 with an OpenAI-style error body naming the field;
-a client that disconnects cancels its request in every stage.
+Routes: POST /v1/images/generations, POST /v1/chat/completions (image models: the reply's
+content is `image_url` parts; models that write and speak, e.g. Qwen2.5-Omni: text and audio in
+OpenAI's shapes, streamed or not, see speech_chat.py), GET /v1/models, GET /health,
+GET /metrics. `--api-key` guards every route. Bad input gets HTTP 400 with an OpenAI-style
+error body naming the field; a client that disconnects cancels its request in every stage.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.diffusion.params import DiffusionSamplingParams
-from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
+from vllm_omni.engine.omni_engine import StageEvent
+from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM, RequestFinished
+from vllm_omni.entrypoints.openai import speech_chat
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
 from vllm_omni.entrypoints.openai.protocol import (
     MAX_SEED,
@@ -222,6 +226,13 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
             "output_format": "png",
         }
 
+    outputs = resolve_stage_graph(
+        config.model, config.stage_configs, config.stage_overrides
+    ).output_modalities
+    if "image" not in outputs:
+        _add_speech_chat(app, state, config, metrics)
+        return app
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         start = time.monotonic()
@@ -251,6 +262,91 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
         }
 
     return app
+
+
+def _add_speech_chat(app: FastAPI, state: dict, config: ServerConfig, metrics: OmniMetrics) -> None:
+    """Chat completions for a graph whose outputs are text and audio (speech_chat.py)."""
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: speech_chat.SpeechChatRequest, request: Request):
+        omni: AsyncOmniLLM = state["omni"]
+        start = time.monotonic()
+        try:
+            inputs, params = omni.prepare(body.omni_prompt(), body.stage_params(omni.graph.names))
+        except ValueError as e:
+            metrics.requests.labels("chat", "rejected").inc()
+            return _bad_request(str(e), _field_of(str(e)))
+        request_id = uuid.uuid4().hex
+        events: asyncio.Queue = asyncio.Queue()
+        task = asyncio.create_task(
+            omni.engine.run_prepared(inputs, params, request_id, on_event=events.put_nowait)
+        )
+
+        def done(t: asyncio.Task) -> None:
+            if t.cancelled():
+                return
+            error = t.exception()
+            events.put_nowait(error if error is not None else RequestFinished(t.result()))
+
+        task.add_done_callback(done)
+        # The first partial output (or the end) decides between a reply and a 400: messages
+        # that vLLM cannot render fail here, before any byte is sent.
+        first = await _next_output(events)
+        if isinstance(first, ValueError):
+            metrics.requests.labels("chat", "rejected").inc()
+            return _bad_request(str(first), _field_of(str(first)))
+        if isinstance(first, Exception):
+            logger.error("chat request failed: %s", first)
+            metrics.requests.labels("chat", "failed").inc()
+            return JSONResponse(error_body(str(first), kind="internal_error", code=500), 500)
+        if body.stream:
+
+            async def sse():
+                try:
+                    async for line in speech_chat.stream_events(
+                        body, _OutputQueue(events), first, config.served_model_name, request_id
+                    ):
+                        yield line
+                finally:
+                    task.cancel()
+                    metrics.latency.labels("chat").observe(time.monotonic() - start)
+
+            metrics.requests.labels("chat", "finished").inc()
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        try:
+            while not isinstance(first, RequestFinished | Exception):
+                first = await _cancel_on_disconnect(request, _next_output(events))
+        except ClientDisconnected:
+            task.cancel()
+            metrics.requests.labels("chat", "cancelled").inc()
+            return Response(status_code=499)
+        if isinstance(first, Exception):
+            metrics.requests.labels("chat", "failed").inc()
+            if isinstance(first, ValueError):
+                return _bad_request(str(first), _field_of(str(first)))
+            return JSONResponse(error_body(str(first), kind="internal_error", code=500), 500)
+        metrics.requests.labels("chat", "finished").inc()
+        metrics.latency.labels("chat").observe(time.monotonic() - start)
+        return speech_chat.completion(body, first.output, config.served_model_name)
+
+
+async def _next_output(events: asyncio.Queue):
+    """The next text delta, final output or error of a request (stage start/finish events are
+    skipped)."""
+    while True:
+        event = await events.get()
+        if not isinstance(event, StageEvent):
+            return event
+
+
+class _OutputQueue:
+    """`events` without the stage start/finish events."""
+
+    def __init__(self, events: asyncio.Queue) -> None:
+        self.events = events
+
+    async def get(self):
+        return await _next_output(self.events)
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vllm serve <Qwen2.5-Omni folder> --omni`: chat completions with text and speech, through the
+official openai client against a live server on loopback."""
+
+from __future__ import annotations
+
+import base64
+
+import openai
+import pytest
+import requests
+import torch
+
+from vllm_omni.entrypoints.openai.speech_chat import audio_samples
+
+from ..hf_reference import one_thread
+from ..server import BIN, ServerProcess
+
+pytestmark = pytest.mark.engine
+
+MODEL = "tiny-omni"
+MESSAGES = [{"role": "user", "content": "Hello there, how are you today?"}]
+SAMPLES_PER_CODE = 480
+GREEDY = {"temperature": 0, "max_tokens": 24, "seed": 11}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models):
+    command = [
+        str(BIN / "vllm"),
+        "serve",
+        str(tiny_models["qwen2.5-omni"]),
+        "--omni",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--served-model-name",
+        MODEL,
+    ]
+    with ServerProcess(command) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+
+
+@pytest.fixture(scope="module")
+def reference_text(tiny_models):
+    """transformers' greedy reply to the chat-templated messages."""
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    folder = tiny_models["qwen2.5-omni"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False)
+    with torch.no_grad(), one_thread():
+        out = model.thinker.generate(
+            torch.tensor([ids]), max_new_tokens=GREEDY["max_tokens"], do_sample=False
+        )
+    return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+
+
+def test_text_reply(client, reference_text):
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    message = reply.choices[0].message
+    assert message.content == reference_text
+    assert message.audio is None
+    assert 0 < reply.usage.completion_tokens <= GREEDY["max_tokens"]
+
+
+def test_text_and_wav(client, reference_text):
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "wav"},
+        **GREEDY,
+    )
+    message = reply.choices[0].message
+    assert message.content is None
+    assert message.audio.transcript == reference_text
+    assert message.audio.id and message.audio.expires_at > reply.created
+    wav = base64.b64decode(message.audio.data)
+    assert wav[:4] == b"RIFF"
+    samples = audio_samples(wav, "wav")
+    assert len(samples) > 0 and len(samples) % SAMPLES_PER_CODE == 0
+    assert abs(samples).max() > 0
+
+
+def test_streamed_pcm16(client, reference_text):
+    kwargs = dict(model=MODEL, messages=MESSAGES, modalities=["text", "audio"], **GREEDY)
+    whole = client.chat.completions.create(audio={"voice": "Chelsie", "format": "pcm16"}, **kwargs)
+    stream = client.chat.completions.create(
+        audio={"voice": "Chelsie", "format": "pcm16"}, stream=True, **kwargs
+    )
+    transcript, data, finish, expires = "", b"", None, None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        audio = choice.delta.audio  # openai's ChoiceDeltaAudio
+        if audio:
+            transcript += audio.transcript or ""
+            data += base64.b64decode(audio.data or "")
+            expires = audio.expires_at or expires
+        finish = choice.finish_reason or finish
+    assert transcript == reference_text == whole.choices[0].message.audio.transcript
+    # The streamed talker samples in segments that follow the thinker's pace, so its codes
+    # (and the audio) differ from the whole reply's; greedy codes are equal (test_qwen25_omni).
+    assert len(data) > 0 and len(data) % (2 * SAMPLES_PER_CODE) == 0 and expires is not None
+    assert finish in ("stop", "length")
+
+
+def test_same_seed_same_audio(client):
+    def wav():
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            modalities=["text", "audio"],
+            audio={"voice": "Chelsie", "format": "pcm16"},
+            **GREEDY,
+        )
+        return reply.choices[0].message.audio.data
+
+    assert wav() == wav()
+
+
+def test_streamed_text(client, reference_text):
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, **GREEDY)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text == reference_text
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"modalities": ["text", "audio"], "audio": {"voice": "Nobody", "format": "wav"}}, "voice"),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "Ethan", "format": "mp3"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "audio"),
+        ({"audio": {"voice": "Ethan", "format": "wav"}}, "modalities"),
+        (
+            {
+                "modalities": ["text", "audio"],
+                "audio": {"voice": "Ethan", "format": "wav"},
+                "stream": True,
+            },
+            "audio.format",
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "nonsense"}]}]}, "messages"),
+        ({"modalities": ["image"]}, "modalities"),
+        ({"frequency_of_cats": 3}, "frequency_of_cats"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(server, extra, field):
+    body = {"model": MODEL, "messages": MESSAGES, **extra}
+    response = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 400, response.text
+    assert field in response.json()["error"]["message"]
+    assert requests.get(f"{server.url}/health", timeout=10).status_code == 200

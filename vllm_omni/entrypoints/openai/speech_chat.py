@@ -1,0 +1,248 @@
+# SPDX-License-Identifier: Apache-2.0
+"""POST /v1/chat/completions on a model that writes and speaks (Qwen2.5-Omni), in OpenAI's shapes.
+
+    client.chat.completions.create(model=M, messages=[...], modalities=["text", "audio"],
+                                   audio={"voice": "Chelsie", "format": "wav"})
+
+- `modalities: ["text"]` (the default) returns `message.content`, as any chat model.
+- With "audio": `message.audio = {id, data (base64 WAV or raw pcm16), expires_at, transcript}`
+  and `content` null, as OpenAI does; the transcript is the thinker's text.
+- `stream: true`: server-sent events. Text goes out as it is written (`delta.content`, or
+  `delta.audio.transcript` with audio); audio as `delta.audio.data` chunks of pcm16 (the only
+  format OpenAI streams); the last audio delta carries `expires_at`; then `finish_reason` and
+  `[DONE]`.
+
+Messages are rendered by vLLM's own chat template and multimodal parsing (the thinker stage
+does it), so they may carry whatever vLLM's chat API accepts. Errors are HTTP 400 naming the
+field; a streamed request whose messages fail to render is refused before the stream starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+import uuid
+import wave
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+OPENAI_AUDIO_FORMATS = ("wav", "aac", "mp3", "flac", "opus", "pcm16")
+AUDIO_FORMATS = ("wav", "pcm16")  # what this server encodes (no codec libraries needed)
+STREAM_CHUNK_S = 0.25  # audio per streamed delta
+AUDIO_TTL_S = 24 * 3600  # `expires_at`: how long a client may refer back to the audio by id
+
+
+class AudioOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    voice: str | dict[str, str]
+    format: str
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        if value not in OPENAI_AUDIO_FORMATS:
+            raise ValueError(f"must be one of {list(OPENAI_AUDIO_FORMATS)}")
+        if value not in AUDIO_FORMATS:
+            raise ValueError(
+                f"{value!r} is not supported by this server; use {list(AUDIO_FORMATS)}"
+            )
+        return value
+
+    @field_validator("voice")
+    @classmethod
+    def _voice(cls, value: str | dict[str, str]) -> str | dict[str, str]:
+        if isinstance(value, dict) and set(value) != {"id"}:
+            raise ValueError("must be a voice name or {'id': name}")
+        return value
+
+    @property
+    def voice_name(self) -> str:
+        return self.voice["id"] if isinstance(self.voice, dict) else self.voice
+
+
+class SpeechChatRequest(BaseModel):
+    """OpenAI's chat request, the fields a speaking model uses. Unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] = Field(["text"], min_length=1)
+    audio: AudioOutput | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    n: Literal[1] = 1
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _audio_options(self) -> SpeechChatRequest:
+        if "audio" in self.modalities and self.audio is None:
+            raise ValueError('audio: required with modalities ["text", "audio"]: {voice, format}')
+        if self.audio is not None and "audio" not in self.modalities:
+            raise ValueError('modalities: add "audio" to get the audio you asked for')
+        if self.stream and self.audio is not None and self.audio.format != "pcm16":
+            raise ValueError('audio.format: a streamed reply takes "pcm16"')
+        return self
+
+    def omni_prompt(self) -> dict[str, Any]:
+        prompt: dict[str, Any] = {
+            "messages": self.messages,
+            "modalities": list(self.modalities),
+            "stream": self.stream,
+        }
+        if self.audio is not None:
+            prompt["voice"] = self.audio.voice_name
+        return prompt
+
+    def stage_params(self, stages: list[str]) -> dict[str, Any]:
+        """The thinker takes the request's sampling fields. With a `seed`, the talker (its own
+        sampling defaults) and code2wav (its noise) are seeded too: same seed, same audio."""
+        from vllm import SamplingParams
+
+        from vllm_omni.diffusion.params import Code2WavParams
+        from vllm_omni.engine.qwen25_omni import TALKER_MAX_TOKENS, TALKER_SAMPLING
+
+        kwargs: dict[str, Any] = {
+            "max_tokens": self.max_completion_tokens or self.max_tokens,
+            "seed": self.seed,
+        }
+        for name in ("temperature", "top_p", "stop"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        params: dict[str, Any] = {"thinker": SamplingParams(**kwargs)}
+        if self.seed is not None and "talker" in stages:
+            params["talker"] = SamplingParams(
+                max_tokens=TALKER_MAX_TOKENS, seed=self.seed, **TALKER_SAMPLING
+            )
+        if self.seed is not None and "code2wav" in stages and self.audio is not None:
+            params["code2wav"] = Code2WavParams(seed=self.seed, voice=self.audio.voice_name)
+        return params
+
+
+def pcm16(audio: torch.Tensor) -> bytes:
+    """Raw 16-bit little-endian mono samples, as OpenAI's `pcm16`."""
+    samples = audio.detach().float().clamp(-1, 1).mul(32767).round().numpy()
+    return samples.astype("<i2").tobytes()
+
+
+def wav_file(audio: torch.Tensor, sample_rate: int) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(pcm16(audio))
+    return buffer.getvalue()
+
+
+def audio_chunks(audio: torch.Tensor, sample_rate: int) -> list[bytes]:
+    step = max(1, int(STREAM_CHUNK_S * sample_rate))
+    return [pcm16(audio[i : i + step]) for i in range(0, len(audio), step)]
+
+
+def completion(body: SpeechChatRequest, out, model: str) -> dict[str, Any]:
+    """A non-streamed reply (out: OmniRequestOutput)."""
+    message: dict[str, Any] = {"role": "assistant", "content": out.text}
+    if body.audio is not None:
+        data = (
+            wav_file(out.audio, out.sample_rate) if body.audio.format == "wav" else pcm16(out.audio)
+        )
+        message["content"] = None
+        message["audio"] = {
+            "id": f"audio_{uuid.uuid4().hex}",
+            "data": base64.b64encode(data).decode(),
+            "expires_at": int(time.time()) + AUDIO_TTL_S,
+            "transcript": out.text,
+        }
+    prompt_tokens = len(out.prompt_token_ids or ())
+    completion_tokens = len(out.token_ids or ())
+    return {
+        "id": f"chatcmpl-{out.request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": out.finish_reason}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+async def stream_events(
+    body: SpeechChatRequest, events: asyncio.Queue, first: Any, model: str, request_id: str
+) -> AsyncIterator[str]:
+    """Server-sent events from the request's StageDelta / RequestFinished items (`first` was
+    taken from the queue already, to refuse a request that fails before anything is sent)."""
+    from vllm_omni.entrypoints.async_omni_llm import RequestFinished
+
+    created = int(time.time())
+    audio_id = f"audio_{uuid.uuid4().hex}"
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        body_ = {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+        return f"data: {json.dumps(body_)}\n\n"
+
+    speaking = body.audio is not None
+    streamed_audio = False
+    yield chunk({"role": "assistant", **({"audio": {"id": audio_id}} if speaking else {})})
+    event = first
+    while True:
+        if isinstance(event, Exception):
+            error = {"message": str(event), "type": "internal_error", "code": 500}
+            yield f"data: {json.dumps({'error': error})}\n\n"
+            break
+        if isinstance(event, RequestFinished):
+            out = event.output
+            if speaking and not streamed_audio:  # a stage that decodes whole replies
+                for data in audio_chunks(out.audio, out.sample_rate):
+                    yield chunk(
+                        {"audio": {"id": audio_id, "data": base64.b64encode(data).decode()}}
+                    )
+            if speaking:
+                yield chunk({"audio": {"id": audio_id, "expires_at": created + AUDIO_TTL_S}})
+            yield chunk({}, out.finish_reason)
+            break
+        audio = getattr(event, "data", {}).get("audio")
+        if speaking and audio is not None:  # a chunk from a streaming code2wav
+            streamed_audio = True
+            for data in audio_chunks(audio, event.data["sample_rate"]):
+                encoded = base64.b64encode(data).decode()
+                yield chunk({"audio": {"id": audio_id, "data": encoded}})
+        text = getattr(event, "data", {}).get("text")
+        if text:
+            yield chunk(
+                {"audio": {"id": audio_id, "transcript": text}} if speaking else {"content": text}
+            )
+        event = await events.get()
+    yield "data: [DONE]\n\n"
+
+
+def audio_samples(data: bytes, fmt: str) -> np.ndarray:
+    """Decode what the server sent (for tests and clients): int16 samples."""
+    if fmt == "wav":
+        with wave.open(io.BytesIO(data)) as f:
+            data = f.readframes(f.getnframes())
+    return np.frombuffer(data, dtype="<i2")
