@@ -144,11 +144,16 @@ def run_speech(model: str, out_dir: Path, max_tokens: int) -> bool:
 
     from vllm_omni import Code2WavParams, OmniLLM
     from vllm_omni.entrypoints.openai.speech_chat import wav_file
+    from vllm_omni.models.tiny_omni import CODEC_BOS
 
     float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048}}
     params = {
         "thinker": SamplingParams(temperature=0, max_tokens=max_tokens),
-        "talker": SamplingParams(temperature=0, max_tokens=256, repetition_penalty=1.05),
+        # A random-weight talker ends its speech at random (a few codes, often): the start code,
+        # which it never samples, as the only end code gives 3 s of (noise-like) speech.
+        "talker": SamplingParams(
+            temperature=0, max_tokens=150, repetition_penalty=1.05, stop_token_ids=[CODEC_BOS]
+        ),
         "code2wav": Code2WavParams(seed=0),
     }
     with OmniLLM(model, stage_overrides={"thinker": float32, "talker": float32}) as omni:
