@@ -14,11 +14,11 @@ The machines here drift between runs, so each baseline pass is paired with an Om
 the same requests at each concurrency, and ratios are taken per pair (median of --runs pairs,
 after a warm-up). Every request writes exactly --text-tokens tokens and --codes codes (no end
 token; the random-weight model would stop at random). The defaults, 64 tokens and 512 codes
-(10 s of speech at 50 codes/s), are about what a 64-token reply takes to say. Reported: requests/s and audio seconds
-per second; for a request alone, its real-time factor (seconds of work per second of audio)
-and the time to its first audio, whole (the reply decoded at once) and streamed (talker started
-with the thinker, code2wav in chunks); and (--png) the stage timeline of the last OmniLLM pass
-at the highest concurrency.
+(10 s of speech at 50 codes/s), are about what a 64-token reply takes to say. Reported:
+requests/s and audio seconds per second; for a request alone, its real-time factor (seconds of
+work per second of audio) and the time to its first audio, whole (the reply decoded at once)
+and streamed (talker started with the thinker, code2wav in chunks); and (--png) the stage
+timeline of the last OmniLLM pass at the highest concurrency.
 """
 
 from __future__ import annotations
