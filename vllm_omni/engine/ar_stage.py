@@ -127,10 +127,9 @@ class ARStage:
 
         if self.is_encoder:
             return None  # a prompt encoder takes no per-request parameters
-        if self.processor is not None:
-            return self.processor.validate(params, self.name)
-        if params is None:
-            return SamplingParams()
+        if params is None:  # a generating processor may have defaults of its own (the talker's)
+            default = getattr(self.processor, "default_params", SamplingParams)
+            return default()
         if not isinstance(params, SamplingParams):
             raise ValueError(
                 f"sampling_params.{self.name}: an AR stage takes vllm.SamplingParams, "

@@ -41,6 +41,3 @@ class HiddenStatesTap:
         if not rows:
             return None
         return rows[0] if len(rows) == 1 else torch.cat(rows)
-
-    def discard(self, request_id: str) -> None:
-        self._rows.pop(request_id, None)

@@ -32,19 +32,6 @@ TALKER_MAX_TOKENS = 4096
 TALKER_SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
 
 
-def _sampling_params(params: Any, stage_name: str):
-    from vllm import SamplingParams
-
-    if params is None:
-        return SamplingParams()
-    if not isinstance(params, SamplingParams):
-        raise ValueError(
-            f"sampling_params.{stage_name}: an AR stage takes vllm.SamplingParams, "
-            f"got {type(params).__name__}"
-        )
-    return params
-
-
 @dataclass(frozen=True)
 class ThinkerGenerator:
     takes_user_params = True
@@ -64,9 +51,6 @@ class ThinkerGenerator:
             "async_scheduling": False,
         }
 
-    def validate(self, params: Any, stage_name: str):
-        return _sampling_params(params, stage_name)
-
     async def run(
         self, stage, request_id: str, inputs: dict[str, Any], params, emit=None
     ) -> dict[str, Any]:
@@ -83,9 +67,10 @@ class ThinkerGenerator:
                     delta["text"], sent = text[sent:], len(text)
                 new_rows = stage.hidden_states.take(request_id)
                 if new_rows is not None:  # what the talker can speak from, so far
+                    if not rows:  # the prompt's length travels once, with the first rows
+                        delta["prompt_token_ids"] = list(out.prompt_token_ids)
                     rows.append(new_rows)
                     delta["thinker_states"] = new_rows
-                    delta["prompt_token_ids"] = list(out.prompt_token_ids)
                 if emit is not None and delta:
                     emit(delta)
         finally:
@@ -225,12 +210,10 @@ class TalkerGenerator:
             "enforce_eager": True,  # conditioning is set per step (see vllm_omni.worker.talker)
         }
 
-    def validate(self, params: Any, stage_name: str):
+    def default_params(self):
         from vllm import SamplingParams
 
-        if params is None:
-            params = SamplingParams(max_tokens=TALKER_MAX_TOKENS, **TALKER_SAMPLING)
-        return _sampling_params(params, stage_name)
+        return SamplingParams(max_tokens=TALKER_MAX_TOKENS, **TALKER_SAMPLING)
 
     def voice(self, requested: str | None) -> str:
         voices = sorted(self.specials.voices)

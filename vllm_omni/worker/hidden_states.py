@@ -60,9 +60,14 @@ class HiddenStatesWorkerMixin:
         self._spans: dict[str, tuple[int, int]] = {}
         config = runner.model_config.hf_config
         config = getattr(config, "thinker_config", config)
-        self._placeholders = [
-            getattr(config, f) for f in PLACEHOLDER_FIELDS if getattr(config, f, None) is not None
-        ]
+        self._placeholders = torch.tensor(
+            [
+                getattr(config, f)
+                for f in PLACEHOLDER_FIELDS
+                if getattr(config, f, None) is not None
+            ],
+            device=runner.device,
+        )
 
         def capturing_forward(*args, **kwargs):
             out = forward(*args, **kwargs)
@@ -78,10 +83,8 @@ class HiddenStatesWorkerMixin:
         if hasattr(model, "get_language_model"):
             model = model.get_language_model()
         embeds = model.embed_input_ids(token_ids)
-        if self._placeholders:
-            is_placeholder = torch.isin(
-                token_ids, torch.tensor(self._placeholders, device=token_ids.device)
-            )
+        if self._placeholders.numel():
+            is_placeholder = torch.isin(token_ids, self._placeholders)
             embeds = embeds.masked_fill(is_placeholder[:, None], 0)
         return embeds
 
