@@ -235,11 +235,18 @@ def run_paired(
 
 
 def run_both_orders(
-    baselines: list[Config], cpp_config: Config, model: str, lengths, runs: int
+    baselines: list[Config],
+    cpp_config: Config,
+    model: str,
+    lengths,
+    runs: int,
+    trace: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Baseline TTFT / CPP TTFT with a fresh pair of engines started in each order (see
     `Engine`: the engine started first is slower here), per prompt length, and the geometric mean
-    of the two orders' ratios. One pair per order serves every length; runs alternate engines."""
+    of the two orders' ratios. One pair per order serves every length; runs alternate engines.
+    `trace`, if given, gets the first prompt's TTFT of the first pair ("first_prompt") and the
+    step records of every timed CPP prefill ("cpp_records")."""
     prompts = make_prompts(lengths, runs)
     out: dict[str, dict[str, Any]] = {}
     for config in baselines:
@@ -248,12 +255,21 @@ def run_both_orders(
         for order in ((config, cpp_config), (cpp_config, config)):
             engines = [Engine(c, model) for c in order]
             for n in lengths:
-                for engine in engines:
-                    engine.prefill(prompts[n][0])
+                warm = {e.config.name: e.prefill(prompts[n][0])[0] for e in engines}
+                if trace is not None and "first_prompt" not in trace:
+                    trace["first_prompt"] = {
+                        "prompt_len": n,
+                        "baseline": config.name,
+                        "ttft_s": warm,
+                    }
+                    print(f"  first {n}-token prompt of each engine: {warm}", flush=True)
                 times: dict[str, list[float]] = {c.name: [] for c in order}
                 for run in range(1, runs + 1):
                     for engine in engines if run % 2 else engines[::-1]:
-                        times[engine.config.name].append(engine.prefill(prompts[n][run])[0])
+                        elapsed, records = engine.prefill(prompts[n][run])
+                        times[engine.config.name].append(elapsed)
+                        if trace is not None and engine.config is cpp_config:
+                            trace.setdefault("cpp_records", []).append(records)
                 base, cpp = (statistics.median(times[c.name]) for c in (config, cpp_config))
                 per_length[n].append(
                     {"started_first": order[0].name, "baseline_s": base, "cpp_s": cpp}

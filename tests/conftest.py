@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,6 +21,21 @@ _SESSION = pytest.StashKey[pytest.Session]()
 def tiny_models() -> dict[str, Path]:
     """All tiny models (name -> folder), built once into the shared cache and reused after."""
     return build_tiny_models(default_models_dir())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fresh_cpp_cache(tmp_path_factory) -> Iterator[None]:
+    """CPP engines fit and cache their cost model as they run: in the tests, into a folder of
+    this session (set before any engine starts), not the developer's cache."""
+    from vllm_omni.cpp.cost_model_source import CACHE_ENV
+
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("vllm_omni-cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 def _describe(proc: psutil.Process) -> str:

@@ -33,9 +33,13 @@ def test_cpp_flags_become_engine_args():
     assert args.scheduler_cls == "vllm_omni.cpp.scheduler.CPPScheduler"
     assert args.worker_cls.startswith("vllm_omni.cpp.worker.CPP")
     assert args.additional_config["x"] == 1
-    assert CPPConfig.from_dict(args.additional_config["cpp"]) == CPPConfig(
-        num_steps=12, micro_chunks=2
-    )
+    config = CPPConfig.from_dict(args.additional_config["cpp"])
+    assert config.status_path  # where the scheduler tells /metrics about its cost model
+    assert config == CPPConfig(num_steps=12, micro_chunks=2, status_path=config.status_path)
+    assert config.online_calibration
+    args = parse("--cpp", "-pp", "2", "--no-cpp-online-calibration")
+    apply_cpp_args(args)
+    assert args.additional_config["cpp"]["online_calibration"] is False
     assert args.max_num_batched_tokens == 8192 and args.enable_chunked_prefill
 
 
@@ -111,6 +115,7 @@ def cpp_server(tiny_models, tmp_path_factory):
         "--cpp-slo-admission",
         "--cpp-cost-model",
         str(cost_model),
+        "--no-cpp-online-calibration",  # admission below relies on the slow model staying
     ]
     with ServerProcess(command) as server:
         server.model = model
@@ -146,6 +151,9 @@ def test_serve_with_cpp_answers_long_prompts(cpp_server):
         return requests.get(f"{server.url}/metrics", timeout=10).text
 
     before = _slo_counters(metrics())  # the fuzz test may have run first
+    # The cost model planned with, on /metrics: the file given, not refitted (flag above).
+    assert 'vllm_omni:cpp_cost_model_info{source="file",unit="s"} 1.0' in metrics()
+    assert _metric(metrics(), 'vllm_omni:cpp_cost_model_coefficient{term="linear"}') == 2e-3
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     prompt = [(i * 7919) % 2000 + 3 for i in range(6000)]
     completion = client.completions.create(

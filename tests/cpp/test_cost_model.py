@@ -212,7 +212,10 @@ def test_save_load_round_trip_and_unknown_key(tmp_path):
     path = tmp_path / "cost.json"
     model.save(path)
     assert CostModel.load(path) == model
+    assert CostModel.load_with_fit(path) == (model, None)
     assert CostModel.from_dict(model.to_dict()) == model
+    model.save(path, fit={"source": "online", "rel_rmse": 0.05})  # an online fit, and how
+    assert CostModel.load_with_fit(path) == (model, {"source": "online", "rel_rmse": 0.05})
     path.write_text(json.dumps({**model.to_dict(), "quadratic": 1.0}))
     with pytest.raises(ValueError, match="quadratic"):
         CostModel.load(path)

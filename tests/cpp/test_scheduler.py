@@ -33,6 +33,7 @@ def make_scheduler(config: CPPConfig = CPPConfig(), pp_size: int = 2, overhead_t
     scheduler._step_budget_left = None
     scheduler.last_step_cost = 0.0
     scheduler._allowances = None  # SLO-aware scheduling off
+    scheduler.online, scheduler._dither = None, 1.0  # online calibration off
     return scheduler
 
 

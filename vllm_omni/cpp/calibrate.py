@@ -98,6 +98,8 @@ def calibrate(
     prompts = profile_prompts(max_context)
     longest = max(length for length, _ in prompts)
     engine_args = cpp_engine_args(
+        # The profile's forced step counts are its own fit's data, not the engine's online fit.
+        {"online_calibration": False},
         pipeline_parallel_size=pipeline_parallel_size,
         enable_prefix_caching=False,
         max_model_len=longest + 64,

@@ -141,3 +141,39 @@ def budget_for_steps(
         mid = (low + high) / 2
         low, high = (low, mid) if fits(mid) else (mid, high)
     return high
+
+
+def prefill_budget(
+    cost_model: CostModel,
+    num_tokens: int,
+    pp_size: int,
+    start: int = 0,
+    block_size: int = 16,
+    min_chunk: int = 0,
+    num_steps: int | None = None,
+    micro_chunks: int = 1,
+) -> float:
+    """CPP's step budget for prefilling tokens start..num_tokens: `num_steps` equal-cost steps,
+    by default the number that minimises the predicted time (`optimal_num_steps`), divided by
+    `micro_chunks` when the worker splits every step further (RFC phase 2)."""
+    remaining = num_tokens - start
+    if num_steps is None:
+        # Each extra step pays the fixed step cost and one more pass over the context (on
+        # average about half way through this prefill).
+        per_step = cost_model.step_overhead + cost_model.context * (start + remaining / 2)
+        num_steps = optimal_num_steps(
+            cost_model.chunk_cost(remaining, start),
+            per_step,
+            pp_size,
+            max_steps=max(1, math.ceil(remaining / block_size)),
+        )
+    num_steps = max(1, math.ceil(num_steps / micro_chunks))
+    return budget_for_steps(cost_model, num_tokens, num_steps, start, block_size, min_chunk)
+
+
+def cpp_plan(
+    cost_model: CostModel, num_tokens: int, pp_size: int, block_size: int = 16, min_chunk: int = 0
+) -> list[int]:
+    """The chunks the CPP scheduler cuts a lone prompt of `num_tokens` into (no prefix hit)."""
+    budget = prefill_budget(cost_model, num_tokens, pp_size, 0, block_size, min_chunk)
+    return plan_chunks(num_tokens, cost_model, budget, block_size, min_chunk)

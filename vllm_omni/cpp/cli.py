@@ -16,6 +16,7 @@ OPTION_FLAGS = {
     "--cpp-micro-chunks": "micro_chunks",
     "--cpp-cost-model": "cost_model",
     "--cpp-overhead-tokens": "overhead_tokens",
+    "--cpp-online-calibration": "online_calibration",
     "--cpp-slo": "slo",
     "--cpp-ttft-slo-ms": "ttft_slo_ms",
     "--cpp-tpot-slo-ms": "tpot_slo_ms",
@@ -63,6 +64,13 @@ def add_cpp_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="TOKENS",
         help="Analytic model only: fixed cost per step, in tokens of linear work.",
+    )
+    group.add_argument(
+        "--cpp-online-calibration",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Fit the cost model to the steps as they run, starting from --cpp-cost-model, the "
+        "cached calibration or the analytic model, and cache the fit (default: on).",
     )
     group.add_argument(
         "--cpp-slo",

@@ -52,6 +52,14 @@ class CPPConfig:
     """File where the scheduler publishes its SLO ledger for the API server's /metrics and
     admission control; `cpp_engine_args` picks a temporary one when SLO scheduling is on."""
 
+    online_calibration: bool = True
+    """Fit the cost model to the steps the engine runs, starting from the model above, and keep
+    the fit in the calibration cache (vllm_omni.cpp.online_fit). False: plan with the model above
+    as it is."""
+    status_path: str | None = None
+    """File where the scheduler publishes which cost model it plans with and how well it fits,
+    for the API server's /metrics; `cpp_engine_args` picks a temporary one."""
+
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
             not isinstance(self.num_steps, int) or self.num_steps < 1
@@ -93,8 +101,14 @@ class CPPConfig:
             raise ValueError(f"cpp.admission must be true or false, got {self.admission!r}")
         if self.admission and not self.slo:
             raise ValueError("cpp.admission needs cpp.slo (--cpp-slo)")
-        if self.ledger_path is not None and not isinstance(self.ledger_path, str):
-            raise ValueError(f"cpp.ledger_path must be a path string, got {self.ledger_path!r}")
+        for name in ("ledger_path", "status_path"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"cpp.{name} must be a path string, got {value!r}")
+        if not isinstance(self.online_calibration, bool):
+            raise ValueError(
+                f"cpp.online_calibration must be true or false, got {self.online_calibration!r}"
+            )
         if (
             isinstance(self.max_wait_s, bool)
             or not isinstance(self.max_wait_s, (int, float))

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 UNITS = ("flop", "s")
+FIT_KEY = "fit"
+"""Optional key of a saved model: how it was obtained (online fit: its error and step count)."""
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -268,15 +270,27 @@ class CostModel:
                 raise ValueError(f"cost model lacks key {key!r}")
         return cls(**data)
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+    def save(self, path: str | Path, fit: Mapping[str, Any] | None = None) -> None:
+        """Write the coefficients as JSON, with `fit` (how they were obtained) if given; written
+        to a temporary file and renamed, so a reader never sees half a file."""
+        data = self.to_dict() | ({FIT_KEY: dict(fit)} if fit else {})
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
+        return cls.load_with_fit(path)[0]
+
+    @classmethod
+    def load_with_fit(cls, path: str | Path) -> tuple[CostModel, dict[str, Any] | None]:
+        """The model in a file written by `save`, and its `fit` record (None if it has none)."""
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data)
+        fit = data.pop(FIT_KEY, None)
+        return cls.from_dict(data), fit
 
 
 @dataclass(frozen=True)

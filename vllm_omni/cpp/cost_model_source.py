@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,16 +59,33 @@ def analytic_cost_model(vllm_config: VllmConfig, overhead_tokens: int) -> CostMo
     )
 
 
+@dataclass(frozen=True)
+class StartingModel:
+    model: CostModel
+    source: str
+    """"file" (`cpp.cost_model`), "cached" (a calibration or an online fit) or "analytic"."""
+    fitted_steps: int | None = None
+    """Steps an online fit came from (None: not an online fit)."""
+
+
 def resolve_cost_model(config: CPPConfig, vllm_config: VllmConfig) -> CostModel:
+    return starting_cost_model(config, vllm_config).model
+
+
+def starting_cost_model(config: CPPConfig, vllm_config: VllmConfig) -> StartingModel:
+    """The model a CPP engine starts from: the file given, else the cache, else FLOPs."""
     if config.cost_model is not None:
-        return CostModel.load(config.cost_model)
+        model, fit = CostModel.load_with_fit(config.cost_model)
+        return StartingModel(model, "file", (fit or {}).get("num_steps"))
     cached = calibration_path_for(vllm_config)
     if cached.is_file():
-        logger.info("CPP: using the calibrated cost model %s", cached)
-        return CostModel.load(cached)
+        model, fit = CostModel.load_with_fit(cached)
+        how = f"online fit of {fit.get('num_steps')} steps" if fit else "calibration"
+        logger.info("CPP: starting from the cached cost model %s (%s)", cached, how)
+        return StartingModel(model, "cached", (fit or {}).get("num_steps"))
     logger.info(
-        "CPP: no calibration for this model at %s; using the analytic FLOP model "
-        "(run `python -m vllm_omni.cpp.calibrate MODEL -pp N` to calibrate)",
+        "CPP: no cost model cached for this model at %s; starting from the analytic FLOP model "
+        "and fitting one to the steps as they run",
         cached,
     )
-    return analytic_cost_model(vllm_config, config.overhead_tokens)
+    return StartingModel(analytic_cost_model(vllm_config, config.overhead_tokens), "analytic")

@@ -55,6 +55,7 @@ def cpp_engine_args(
             )
     if config.slo:
         config = _install_slo_frontend(config)
+    config = _install_cost_model_metrics(config)
     additional = dict(engine_args.pop("additional_config", None) or {})
     additional[CONFIG_KEY] = config.to_dict()
     if config.slo:  # bad per-request SLOs get HTTP 400 (or 429) at the API server
@@ -72,6 +73,22 @@ def cpp_engine_args(
     }
 
 
+def _temp_path(kind: str) -> str:
+    return os.path.join(
+        tempfile.gettempdir(), f"vllm_omni-{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+    )
+
+
+def _install_cost_model_metrics(config: CPPConfig) -> CPPConfig:
+    """/metrics in this (the API server's) process for the cost model the scheduler plans with."""
+    from vllm_omni.cpp.cost_model_metrics import install
+
+    if config.status_path is None:
+        config = dataclasses.replace(config, status_path=_temp_path("cpp-cost-model"))
+    install(config.status_path)
+    return config
+
+
 def _install_slo_frontend(config: CPPConfig) -> CPPConfig:
     """SLO metrics and admission control in this (the API server's) process, reading the ledger
     the scheduler publishes to `config.ledger_path` (a fresh temporary file unless given)."""
@@ -79,8 +96,7 @@ def _install_slo_frontend(config: CPPConfig) -> CPPConfig:
     from vllm_omni.cpp.slo_frontend import install
 
     if config.ledger_path is None:
-        name = f"vllm_omni-slo-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        config = dataclasses.replace(config, ledger_path=os.path.join(tempfile.gettempdir(), name))
+        config = dataclasses.replace(config, ledger_path=_temp_path("slo"))
     defaults = SLOTargets.from_ms(config.ttft_slo_ms, config.tpot_slo_ms)
     install(config.ledger_path, defaults, config.admission)
     return config

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from pathlib import Path
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -33,11 +34,21 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_omni.cpp import slo
-from vllm_omni.cpp.chunking import budget_for_steps, next_chunk_size, optimal_num_steps
+from vllm_omni.cpp.chunking import next_chunk_size, prefill_budget
 from vllm_omni.cpp.config import CPPConfig
-from vllm_omni.cpp.cost_model import CostModel
-from vllm_omni.cpp.cost_model_source import resolve_cost_model
+from vllm_omni.cpp.cost_model_source import (
+    StartingModel,
+    calibration_path_for,
+    starting_cost_model,
+)
+from vllm_omni.cpp.online_fit import (
+    EXPLORE_DITHER,
+    OnlineCalibration,
+    OnlineCostModel,
+    write_json_atomic,
+)
 from vllm_omni.cpp.slo_ledger import SLOLedger
+from vllm_omni.cpp.worker import STEP_TIMES_ATTR
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -50,6 +61,22 @@ MIN_USEFUL_CHUNK_BLOCKS = 4
 
 NUM_STEPS_ARG = "cpp_num_steps"
 """Per-request override of CPPConfig.num_steps in SamplingParams.extra_args (OpenAI: vllm_xargs)."""
+
+
+def last_rank_scale(vllm_config) -> float:
+    """Busy times come from the last PP rank (it returns the step's output); the cost model is
+    the heaviest stage's, so they are scaled by heaviest / last rank's number of layers."""
+    from vllm.distributed.utils import get_pp_indices
+
+    pp_size = vllm_config.parallel_config.pipeline_parallel_size
+    num_layers = getattr(vllm_config.model_config.hf_text_config, "num_hidden_layers", None)
+    if pp_size == 1 or not num_layers:
+        return 1.0
+    sizes = [
+        end - start
+        for start, end in (get_pp_indices(num_layers, r, pp_size) for r in range(pp_size))
+    ]
+    return max(sizes) / sizes[-1] if sizes[-1] else 1.0
 
 
 def requested_num_steps(request: Request) -> int | None:
@@ -67,7 +94,11 @@ class CPPScheduler(Scheduler):
         self.cpp_config = config or CPPConfig()
         self.pp_size = self.vllm_config.parallel_config.pipeline_parallel_size
         self.chunk_align = self.cpp_config.chunk_align or self.block_size
-        self.cost_model: CostModel = resolve_cost_model(self.cpp_config, self.vllm_config)
+        start = starting_cost_model(self.cpp_config, self.vllm_config)
+        self.cost_model = start.model
+        self.online = self._start_online_calibration(start)
+        self.rank_scale = last_rank_scale(self.vllm_config)
+        self._dither = 1.0
         self._prefill_budgets: dict[str, float] = {}
         self._step_budget_left: float | None = None
         self.last_step_cost = 0.0
@@ -94,7 +125,39 @@ class CPPScheduler(Scheduler):
             self.cpp_config.min_chunk,
         )
 
+    def _start_online_calibration(self, start: StartingModel) -> OnlineCalibration | None:
+        cfg = self.cpp_config
+        status_path = Path(cfg.status_path) if cfg.status_path else None
+        if not cfg.online_calibration:
+            if status_path is not None:
+                status = {"source": start.source, "model": start.model.to_dict()}
+                write_json_atomic(status_path, status)
+            return None
+        return OnlineCalibration(
+            OnlineCostModel(start.model, start.source, start.fitted_steps),
+            cache_path=calibration_path_for(self.vllm_config),
+            status_path=status_path,
+        )
+
+    def _follow_online_fit(self) -> None:
+        """Plan with the newest online fit; while the model has no scale in seconds, alternate
+        long and short steps so the fit can tell its terms apart (online_fit.EXPLORE_DITHER)."""
+        if self.online is None:
+            return
+        adopted = self.online.poll()
+        if adopted is not None:
+            if adopted.model.unit != self.cost_model.unit:
+                # Budgets in FLOPs mean nothing to a model in seconds: the rest of each prefill
+                # is planned anew. Budgets in seconds stay: the next prefills use the new fit.
+                self._prefill_budgets.clear()
+            self.cost_model = adopted.model
+        if self.online.online.exploring and self._prefill_budgets:
+            self._dither = 1 - EXPLORE_DITHER if self._dither > 1 else 1 + EXPLORE_DITHER
+        else:
+            self._dither = 1.0
+
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        self._follow_online_fit()
         # The first prefill a step meets sets the step's budget (see _reserve_prefill_lookahead).
         self._step_budget_left = None
         previous_step_cost, self.last_step_cost = self.last_step_cost, self.cost_model.step_overhead
@@ -224,6 +287,9 @@ class CPPScheduler(Scheduler):
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self.online is not None:
+            for chunks, seconds in getattr(model_runner_output, STEP_TIMES_ATTR, None) or ():
+                self.online.online.observe(chunks, seconds * self.rank_scale)
         if self.slo_ledger is not None:
             now, finished = time.time(), []
             for client_outputs in outputs.values():
@@ -249,6 +315,8 @@ class CPPScheduler(Scheduler):
         return finished
 
     def shutdown(self) -> None:
+        if self.online is not None:
+            self.online.close()
         if self.slo_ledger is not None:
             self.slo_ledger.remove_file()
         super().shutdown()
@@ -257,30 +325,15 @@ class CPPScheduler(Scheduler):
         """Per-step compute budget for this request's prefill, fixed when it is first scheduled."""
         budget = self._prefill_budgets.get(request.request_id)
         if budget is None:
-            remaining = request.num_tokens - num_computed_tokens
-            total = self.cost_model.chunk_cost(remaining, num_computed_tokens)
-            num_steps = requested_num_steps(request) or self.cpp_config.num_steps
-            if num_steps is None:
-                # Each extra step pays the fixed step cost and one more pass over the context
-                # (on average about half way through this prefill).
-                per_step = self.cost_model.step_overhead + self.cost_model.context * (
-                    num_computed_tokens + remaining / 2
-                )
-                num_steps = optimal_num_steps(
-                    total,
-                    per_step,
-                    self.pp_size,
-                    max_steps=max(1, math.ceil(remaining / self.chunk_align)),
-                )
-            # With micro-chunks the worker splits every step's chunk further (RFC phase 2).
-            num_steps = max(1, math.ceil(num_steps / self.cpp_config.micro_chunks))
-            budget = budget_for_steps(
+            budget = prefill_budget(
                 self.cost_model,
                 request.num_tokens,
-                num_steps,
+                self.pp_size,
                 start=num_computed_tokens,
                 block_size=self.chunk_align,
                 min_chunk=self.cpp_config.min_chunk,
+                num_steps=requested_num_steps(request) or self.cpp_config.num_steps,
+                micro_chunks=self.cpp_config.micro_chunks,
             )
             self._prefill_budgets[request.request_id] = budget
         return budget
@@ -302,7 +355,7 @@ class CPPScheduler(Scheduler):
         budget = self.prefill_budget(request, num_computed_tokens)
         first_prefill_of_step = self._step_budget_left is None
         if first_prefill_of_step:
-            self._step_budget_left = budget
+            self._step_budget_left = budget * self._dither
         elif self._step_budget_left <= 0:
             # The first prefill took its smallest chunk over budget (at a long context one block
             # can cost more than the whole budget): the step is full.

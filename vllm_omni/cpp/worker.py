@@ -12,6 +12,12 @@ holds one long prefill chunk into micro-chunks (`vllm_omni.cpp.micro_chunks`) an
 one, each forward sending its activations on, so the pieces stream through the PP ranks within the
 step; every piece gets its own record.
 
+The last PP rank also hands its records to the scheduler, for online calibration
+(`vllm_omni.cpp.online_fit`): as the attribute `STEP_TIMES_ATTR` of the ModelRunnerOutput it
+returns, (chunks, seconds) per forward since its previous output. vLLM sends that output to the
+engine core whole (pickled by the multiprocessing executor, as is in-process), so the attribute
+arrives with it; `tests/cpp/test_online_fit.py` checks this end to end.
+
 Only the runner's forward is timed, not the receive of the previous stage's activations, so the
 records are busy time. On CPU the PP receive completes before the runner starts; on CUDA the
 receive is waited lazily inside the runner, so records there include some waiting (not exercised
@@ -20,6 +26,7 @@ on a GPU yet).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -27,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.parallel_state import get_pp_group
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
@@ -38,6 +46,8 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 MAX_RECORDS = 100_000
+STEP_TIMES_ATTR = "cpp_step_times"
+"""Attribute of the last rank's ModelRunnerOutput: [(chunks, busy seconds)] per forward pass."""
 
 
 @dataclass(frozen=True)
@@ -82,18 +92,20 @@ class CPPWorkerMixin:
                 return forward(scheduler_output, *args, **kwargs)
             finally:
                 if scheduler_output.total_num_scheduled_tokens > 0:
-                    self._step_records.append(
-                        StepRecord(
-                            self.rank,
-                            start,
-                            time.monotonic(),
-                            scheduled_chunks(scheduler_output),
-                            *self._piece,
-                        )
+                    record = StepRecord(
+                        self.rank,
+                        start,
+                        time.monotonic(),
+                        scheduled_chunks(scheduler_output),
+                        *self._piece,
                     )
+                    self._step_records.append(record)
+                    if self._unreported is not None:
+                        self._unreported.append((record.chunks, record.seconds))
 
         # An instance attribute on our own worker's runner: the runner class stays untouched.
         runner.execute_model = timed_forward
+        self._unreported: list | None = [] if get_pp_group().is_last_rank else None
         self._micro = None
         self._piece = (0, 1)
         config = CPPConfig.from_additional_config(self.vllm_config.additional_config)
@@ -102,8 +114,24 @@ class CPPWorkerMixin:
             align = config.chunk_align or self.vllm_config.cache_config.block_size
             self._micro = (cost_model, config.micro_chunks, align)
 
+    def _report_step_times(self, output: Any) -> Any:
+        """Attach the forwards' timings since the last output to this output (last rank)."""
+        if not self._unreported or not isinstance(output, ModelRunnerOutput):
+            return output
+        if output is EMPTY_MODEL_RUNNER_OUTPUT:  # a shared constant: never mutate it
+            output = copy.copy(output)
+        setattr(output, STEP_TIMES_ATTR, self._unreported)
+        self._unreported = []
+        return output
+
+    def sample_tokens(self, grammar_output):
+        return self._report_step_times(super().sample_tokens(grammar_output))
+
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput):
+        return self._report_step_times(self._execute_pieces(scheduler_output))
+
+    def _execute_pieces(self, scheduler_output: SchedulerOutput):
         pieces = self._micro_pieces(scheduler_output) if self._micro else None
         if pieces is None:
             return super().execute_model(scheduler_output)

@@ -139,7 +139,7 @@ def chat_generation_config():
     )  # fmt: skip
 
 
-def _build_lm(cfg: TinyLMConfig, out: Path) -> None:
+def build_lm(cfg: TinyLMConfig, out: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -173,11 +173,11 @@ def _build_lm(cfg: TinyLMConfig, out: Path) -> None:
 
 
 def build_llama_8l(out: Path) -> None:
-    _build_lm(LLAMA_8L, out)
+    build_lm(LLAMA_8L, out)
 
 
 def build_qwen2_2l(out: Path) -> None:
-    _build_lm(QWEN2_2L, out)
+    build_lm(QWEN2_2L, out)
 
 
 QWEN_IMAGE_SEED = 1003

@@ -1,0 +1,194 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPP on a model it has never seen: online calibration from an empty cache, against plain vLLM.
+
+    .venv/bin/python benchmarks/cpp_fresh.py --json docs/results/cpp_fresh.json --offline-check
+
+Builds a Llama of a shape no calibration exists for (`SHAPE`, random weights, seconds to build),
+points the calibration cache at an empty folder, and runs `cpp_ttft.run_both_orders`: each plain
+PP=2 fixed-chunk baseline against a fresh CPP engine, the pair started in both orders, prompts of
+each length alternating between the two engines (one warm-up, then --runs timed, medians; ratios
+are baseline TTFT / CPP TTFT, > 1: CPP faster, geometric mean of the two orders). Nothing is
+calibrated by hand: the first CPP engine starts from the analytic FLOP model and fits its cost
+model to the steps it runs; later engines start from that fit (cached) and go
+on fitting. Reported besides the table:
+
+- the first long prompt: the first CPP engine's first prompt (planned with the analytic model,
+  exploring) against the baseline engine's first prompt of the same length;
+- the fit: its coefficients, and how well it predicts the step times of every timed CPP prefill
+  (relative RMS error against the slowest and the last rank's busy time per step), beside how
+  much the two ranks' busy times for the same step differ (the machine's noise floor);
+- with --offline-check, the offline calibration (`python -m vllm_omni.cpp.calibrate`) of the same
+  model, run afterwards: the plan CPP cuts with the online fit against the plan it cuts with the
+  offline one, both costed by the offline model (1.00: the same plan's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cpp_ttft import CPP_NAME, PLAIN_PP2, configs, run_both_orders
+
+SHAPE = dict(
+    architecture="llama", num_layers=4, hidden_size=128, num_heads=2, num_kv_heads=1,
+    intermediate_size=384, max_position_embeddings=65536, rope_theta=1_000_000.0, seed=2001,
+)  # fmt: skip
+"""Not a shape of the tiny-model builder: no calibration of it exists anywhere."""
+
+
+def build_model(folder: Path) -> str:
+    from vllm_omni.models.tiny import TinyLMConfig, build_lm
+
+    if not (folder / "config.json").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        build_lm(TinyLMConfig(**SHAPE), folder)
+    return str(folder)
+
+
+def prediction_error(cost_model, records: list[list[list[dict]]]) -> dict[str, Any]:
+    """Relative RMS error of the model's step times against the slowest rank's busy times (what
+    `calibrate` fits) and the last rank's (what the online fit sees), and the noise floor: how
+    far the two ranks' busy times for the same step differ (the same work on each)."""
+
+    def rms(values: list[float]) -> float:
+        return math.sqrt(sum(v * v for v in values) / len(values))
+
+    slowest, last, ranks = [], [], []
+    for per_rank in records:
+        for step in zip(*per_rank):
+            chunks = [tuple(c) for c in step[0]["chunks"]]
+            predicted = cost_model.step_cost(chunks)
+            busy = [r["end_s"] - r["start_s"] for r in step]
+            slowest.append(predicted / max(busy) - 1)
+            last.append(predicted / busy[-1] - 1)
+            ranks.append((busy[0] - busy[-1]) / (sum(busy) / len(busy)))
+    return {
+        "steps": len(slowest),
+        "rel_rmse": rms(slowest),
+        "median_rel_error": statistics.median(slowest),
+        "rel_rmse_last_rank": rms(last),
+        "median_rel_error_last_rank": statistics.median(last),
+        "rank_disagreement_rms": rms(ranks),
+    }
+
+
+def plan_check(online, offline, lengths, block_size: int) -> dict[str, Any]:
+    """The online fit's CPP plan against the offline calibration's, costed by the offline model."""
+    from vllm_omni.cpp.chunking import cpp_plan
+    from vllm_omni.cpp.simulator import closed_form_makespan
+
+    out = {}
+    for n in lengths:
+        plans = {
+            name: cpp_plan(m, n, 2, block_size)
+            for name, m in (("online", online), ("offline", offline))
+        }
+        times = {k: closed_form_makespan(p, offline, 2) for k, p in plans.items()}
+        ratio = times["online"] / times["offline"]
+        out[str(n)] = {
+            "chunks": {k: len(p) for k, p in plans.items()},
+            "online_over_offline": ratio,
+        }
+        print(
+            f"  {n:6d} tokens: online plan {len(plans['online'])} chunks, offline plan "
+            f"{len(plans['offline'])} chunks; plan time online / offline: {ratio:.4f}"
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--chunks", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--offline-check", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    from vllm_omni.cpp.cost_model import CostModel
+    from vllm_omni.cpp.cost_model_source import CACHE_ENV, calibration_dir
+
+    work = Path(tempfile.mkdtemp(prefix="vllm_omni-cpp-fresh-"))
+    os.environ[CACHE_ENV] = str(work / "cache")  # empty: nothing calibrated; engines inherit it
+    model = build_model(work / "model")
+    print(f"model {model} ({SHAPE}); calibration cache {calibration_dir()} (empty)", flush=True)
+
+    model_len = max(args.lengths) + 64
+    all_configs = configs(tuple(args.chunks), model_len)
+    baselines = [c for c in all_configs if c.name.startswith(PLAIN_PP2)]
+    cpp_config = next(c for c in all_configs if c.name == CPP_NAME)
+    result: dict[str, Any] = {}
+    result["pairs"] = run_both_orders(
+        baselines, cpp_config, model, args.lengths, args.runs, trace=result
+    )
+
+    (cached,) = calibration_dir().glob("*.json")
+    online, fit = CostModel.load_with_fit(cached)
+    error = prediction_error(online, result["cpp_records"])
+    print(f"\nonline fit ({fit}): {online}")
+    print(
+        f"its prediction of the {error['steps']} timed CPP steps: relative RMS error "
+        f"{error['rel_rmse']:.1%} (median {error['median_rel_error']:+.1%}) against the slowest "
+        f"rank, {error['rel_rmse_last_rank']:.1%} (median "
+        f"{error['median_rel_error_last_rank']:+.1%}) against the last rank; the two ranks' busy "
+        f"times for the same step differ by {error['rank_disagreement_rms']:.1%} RMS"
+    )
+    first = result["first_prompt"]
+    base_first, cpp_first = (first["ttft_s"][k] for k in (first["baseline"], CPP_NAME))
+    print(
+        f"first {first['prompt_len']}-token prompt: {first['baseline']} {base_first:.3f} s, "
+        f"CPP (analytic model, exploring) {cpp_first:.3f} s = {base_first / cpp_first:.3f}"
+    )
+    ratios: dict[str, Any] = {}
+    print("\nsteady state, both orders: baseline TTFT / CPP TTFT (> 1: CPP faster)")
+    for n in args.lengths:
+        row = {name: r[str(n)]["both_orders"] for name, r in result["pairs"].items()}
+        best = min(row, key=row.get)
+        ratios[str(n)] = {
+            **row,
+            "cpp_vs_best_fixed": row[best],
+            "best_fixed": best,
+            "cpp_vs_default_2048": row.get(f"{PLAIN_PP2} chunk 2048"),
+        }
+        print(f"  {n:6d} tokens: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
+        print(f"  {'':6s}  CPP vs the best fixed chunk ({best}): {row[best]:.3f}")
+
+    out: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count()},
+        "shape": SHAPE,
+        "ratios": ratios,
+        "first_prompt": first,
+        "online_fit": {"model": online.to_dict(), "fit": fit, "prediction": error},
+        "pairs": result["pairs"],
+    }
+    if args.offline_check:
+        from vllm_omni.cpp.calibrate import calibrate
+
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+        print("\noffline calibration of the same model, for comparison:", flush=True)
+        offline = calibrate(model, 2, save=False, max_context=max(args.lengths)).model
+        chunks = [sum(x for x, _ in r[0]["chunks"]) for r in result["cpp_records"][-1]]
+        block = math.gcd(*chunks[:-1]) if len(chunks) > 2 else 128
+        out["offline"] = {
+            "model": offline.to_dict(),
+            "prediction": prediction_error(offline, result["cpp_records"]),
+            "plans": plan_check(online, offline, args.lengths, block),
+        }
+        print(
+            f"offline: {offline}; predicts the timed CPP steps within "
+            f"{out['offline']['prediction']['rel_rmse']:.1%} relative RMS"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
