@@ -57,7 +57,7 @@ class CostModelCollector:
         for key, name, doc in (
             ("rel_rmse", "fit_relative_rmse", "Relative RMS error of the online fit's steps"),
             ("num_steps", "fit_steps", "Steps the online fit used"),
-            ("outliers", "fit_outliers", "Steps left out of online fits as outliers"),
+            ("outliers", "fit_outliers", "Steps the latest online fit left out as outliers"),
         ):
             if status.get(key) is not None:
                 yield GaugeMetricFamily(f"vllm_omni:cpp_cost_model_{name}", doc, status[key])

@@ -79,6 +79,7 @@ class FitStatus:
     num_steps: int = 0
     """Steps the fit used (outliers excluded)."""
     outliers: int = 0
+    """Steps of the window this fit left out as outliers."""
     fitted_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +107,6 @@ class OnlineCostModel:
         self._decodes: deque[StepSample] = deque(maxlen=DECODE_WINDOW)
         self._skipped = 0
         self.new_steps = 0
-        self.outliers = 0
 
     @property
     def model(self) -> CostModel:
@@ -161,7 +161,6 @@ class OnlineCostModel:
 
     def adopt(self, status: FitStatus) -> None:
         self.status = status
-        self.outliers += status.outliers
 
 
 def _within(model: CostModel, sample: StepSample) -> bool:
