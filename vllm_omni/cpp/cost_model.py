@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -26,6 +27,14 @@ import numpy as np
 UNITS = ("flop", "s")
 FIT_KEY = "fit"
 """Optional key of a saved model: how it was obtained (online fit: its error and step count)."""
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON to a temporary sibling and rename it: readers (the next engine, the API
+    server's /metrics) never see a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -273,11 +282,7 @@ class CostModel:
     def save(self, path: str | Path, fit: Mapping[str, Any] | None = None) -> None:
         """Write the coefficients as JSON, with `fit` (how they were obtained) if given; written
         to a temporary file and renamed, so a reader never sees half a file."""
-        data = self.to_dict() | ({FIT_KEY: dict(fit)} if fit else {})
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)
+        write_json_atomic(Path(path), self.to_dict() | ({FIT_KEY: dict(fit)} if fit else {}))
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:

@@ -24,9 +24,7 @@ the same model, pipeline size, dtype and device starts from it.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -35,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.cpp.cost_model import CostModel, StepSample
+from vllm_omni.cpp.cost_model import CostModel, StepSample, write_json_atomic
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -171,14 +169,6 @@ def _within(model: CostModel, sample: StepSample) -> bool:
 def _rel_rmse(model: CostModel, samples: list[StepSample]) -> float:
     errors = [(model.step_cost(s.chunks) - s.seconds) / s.seconds for s in samples]
     return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else math.inf
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Readers (the API server's /metrics, the next engine) never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 class OnlineCalibration:

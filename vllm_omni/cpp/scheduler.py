@@ -36,17 +36,13 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_omni.cpp import slo
 from vllm_omni.cpp.chunking import next_chunk_size, prefill_budget
 from vllm_omni.cpp.config import CPPConfig
+from vllm_omni.cpp.cost_model import write_json_atomic
 from vllm_omni.cpp.cost_model_source import (
     StartingModel,
     calibration_path_for,
     starting_cost_model,
 )
-from vllm_omni.cpp.online_fit import (
-    EXPLORE_DITHER,
-    OnlineCalibration,
-    OnlineCostModel,
-    write_json_atomic,
-)
+from vllm_omni.cpp.online_fit import EXPLORE_DITHER, OnlineCalibration, OnlineCostModel
 from vllm_omni.cpp.slo_ledger import SLOLedger
 from vllm_omni.cpp.worker import STEP_TIMES_ATTR
 from vllm_omni.logger import init_logger

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_omni.cpp.cost_model import write_json_atomic
 from vllm_omni.cpp.slo import SLOTargets
 
 SLACK_BUCKETS_S = (-5.0, -2.0, -1.0, -0.5, -0.2, -0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -130,9 +131,7 @@ class SLOLedger:
         changed = self._backlog.keys() != self._published_backlog
         if not (force or changed) and now - self._published_at < PUBLISH_INTERVAL_S:
             return False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.snapshot()))
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, self.snapshot())
         self._published_at = now
         self._published_backlog = set(self._backlog)
         return True
