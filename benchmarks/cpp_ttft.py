@@ -157,7 +157,9 @@ class Engine:
 
 
 def _engine_process(config: Config, model: str, conn) -> None:
-    os.environ[BIND_ENV] = "0" if config.pp == 1 else "|".join(map(str, range(config.pp)))
+    cores = sorted(os.sched_getaffinity(0))
+    if config.pp <= len(cores):  # one core per rank; with more ranks, the plugin's default
+        os.environ[BIND_ENV] = "|".join(map(str, cores[: config.pp]))
     from vllm import LLM, SamplingParams
 
     llm = None
@@ -356,6 +358,22 @@ def report(pairs: list[tuple[Result, Result]], lengths) -> dict[str, Any]:
     return table
 
 
+def draw_stages(ax, spans: list[dict[str, Any]], pp: int) -> None:
+    """One bar per {rank, start_s, end_s} span, one row per stage (a matplotlib axis)."""
+    for span in spans:
+        ax.barh(
+            span["rank"],
+            span["end_s"] - span["start_s"],
+            left=span["start_s"],
+            height=0.6,
+            color=f"C{span['rank']}",
+            edgecolor="white",
+            linewidth=0.3,
+        )
+    ax.set_yticks(range(pp), [f"stage {k}" for k in range(pp)])
+    ax.invert_yaxis()
+
+
 def plot_gantt(pairs: list[tuple[Result, Result]], prompt_len: int, path: Path) -> None:
     import matplotlib
 
@@ -368,18 +386,7 @@ def plot_gantt(pairs: list[tuple[Result, Result]], prompt_len: int, path: Path) 
     shown = [default, plain, cpp] if default is not plain else [plain, cpp]
     fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.6 * len(shown) + 0.6), sharex=True)
     for ax, r in zip(axes, shown):
-        for rec in r.timeline:
-            ax.barh(
-                rec["rank"],
-                rec["end_s"] - rec["start_s"],
-                left=rec["start_s"],
-                height=0.6,
-                color=f"C{rec['rank']}",
-                edgecolor="white",
-                linewidth=0.3,
-            )
-        ax.set_yticks(range(r.pp), [f"stage {k}" for k in range(r.pp)])
-        ax.invert_yaxis()
+        draw_stages(ax, r.timeline, r.pp)
         ax.set_title(f"{r.name}: {len(r.chunks)} chunks, bubble {r.bubble:.1%}", fontsize=9)
     axes[-1].set_xlabel("seconds since the first step (last measured run)")
     fig.suptitle(f"Per-stage busy time, {prompt_len}-token prompt", fontsize=10)

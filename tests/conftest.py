@@ -38,6 +38,34 @@ def _fresh_cpp_cache(tmp_path_factory) -> Iterator[None]:
         os.environ[CACHE_ENV] = before
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[str]:
+    """A local Ray cluster of two fake nodes on loopback, each with one CPU and one `vllm_cpu`
+    worker slot, shared by every test that needs Ray; yields its address, exported as
+    RAY_ADDRESS so that engine-core processes join it rather than start a Ray of their own."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from vllm_omni.executor.cpu_ray import RAY_RESOURCE
+
+    before = os.environ.get("RAY_ADDRESS")
+    cluster = Cluster()
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, resources={RAY_RESOURCE: 1}, include_dashboard=False)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        os.environ["RAY_ADDRESS"] = cluster.address
+        yield cluster.address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if before is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = before
+
+
 def _describe(proc: psutil.Process) -> str:
     try:
         return f"pid {proc.pid}: {' '.join(proc.cmdline())[:160]}"

@@ -20,7 +20,10 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
         glibc's malloc returns each step's activations to the system (CPP steps 7-10% slower).
    SCOPE: CPU platform; fills `VLLM_CPU_OMP_THREADS_BIND`, `kv_cache_memory_bytes` and glibc's
         `MALLOC_*` variables only where the user set nothing (`vllm_omni.platform.cpu_defaults`).
-   REMOVE: when vLLM picks working defaults for several local CPU workers itself.
+        Also turns `distributed_executor_backend="ray"`, which vLLM's CPU platform cannot run,
+        into `vllm_omni.executor.cpu_ray.CPURayExecutor` (vLLM's RayExecutorV2 for CPU workers).
+   REMOVE: when vLLM picks working defaults for several local CPU workers itself, and runs Ray
+        on CPU.
 
 3. cpp_batch_queue_depth - `VllmConfig.max_concurrent_batches`
    WHY: with PP and synchronous scheduling, vLLM keeps exactly pp_size steps in flight, so the
@@ -39,15 +42,25 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
         function); bfloat16/float16 become float32 where the CPU lacks that type's instructions
         (`vllm_omni.platform.cpu_dtype`).
    REMOVE: when vLLM's CPU platform lists only natively supported 16-bit dtypes.
+
+5. cpu_ray_executor - `current_platform.ray_device_key`, `ray_executor_v2.RayWorkerProc`
+   WHY: RayExecutorV2._init_executor refuses a platform without a Ray device key (CPU's is "")
+        and creates its worker actors from the module-level `RayWorkerProc`, which asks Ray for
+        GPU ids; CPU workers need a custom resource and no accelerator ids.
+   SCOPE: only while `CPURayExecutor._init_executor` runs (`cpu_ray_globals`, restored after),
+        in the engine-core process of an engine that asked for Ray on CPU. Not a wrapper, so
+        the functions that read these two globals are pinned instead (`all_pinned`).
+   REMOVE: when vLLM's Ray executor supports the CPU platform.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from vllm_omni.logger import init_logger
@@ -196,6 +209,20 @@ def all_patches() -> list[Patch]:
     ]
 
 
+@contextlib.contextmanager
+def cpu_ray_globals(resource: str, worker_proc: type) -> Iterator[None]:
+    """Patch 5: the Ray device key and worker actor class RayExecutorV2 reads, for CPU."""
+    from vllm.platforms import current_platform
+    from vllm.v1.executor import ray_executor_v2
+
+    saved = current_platform.ray_device_key, ray_executor_v2.RayWorkerProc
+    current_platform.ray_device_key, ray_executor_v2.RayWorkerProc = resource, worker_proc
+    try:
+        yield
+    finally:
+        current_platform.ray_device_key, ray_executor_v2.RayWorkerProc = saved
+
+
 def apply() -> dict[str, bool]:
     """Apply every patch that still fits the installed vLLM; returns {name: applied}."""
     from vllm.platforms import current_platform
@@ -223,10 +250,53 @@ class Pinned:
 
 
 def all_pinned() -> list[Pinned]:
+    from vllm.distributed.device_communicators.shm_broadcast import ShmRingBuffer
     from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.v1.executor import ray_utils
+    from vllm.v1.executor.ray_executor_v2 import RayExecutorV2, RayWorkerProc
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     return [
+        Pinned(
+            RayExecutorV2,
+            "_init_executor",
+            "2852d4ccf3e2",
+            "patch 5 (executor.cpu_ray): it creates worker actors from the module-level "
+            "RayWorkerProc, with the resources of `_get_actor_resource_kwargs`, and takes an "
+            "existing `parallel_config.placement_group`.",
+        ),
+        Pinned(
+            ray_utils,
+            "initialize_ray_cluster",
+            "7afb10e0efaf",
+            "patch 5: it refuses a platform whose `ray_device_key` is empty, and with a "
+            "placement group given, only checks its bundles for that key.",
+        ),
+        Pinned(
+            RayWorkerProc,
+            "get_node_and_physical_gpu_ids",
+            "ae2a768ce40e",
+            "executor.cpu_ray overrides it: it looks up accelerator ids, which CPU workers lack.",
+        ),
+        Pinned(
+            RayWorkerProc,
+            "initialize_worker",
+            "fcb829e0a388",
+            "executor.cpu_ray sizes torch's threads before it and filters its driver env vars.",
+        ),
+        Pinned(
+            RayExecutorV2,
+            "shutdown",
+            "30557010ffde",
+            "executor.cpu_ray: it ends workers with ray.kill and leaves the broadcast queue's "
+            "shared memory to the garbage collector, which CPURayExecutor unlinks itself.",
+        ),
+        Pinned(
+            ShmRingBuffer,
+            "__del__",
+            "7183922f2ac3",
+            "executor.cpu_ray: only the creator unlinks (`is_creator`, `shared_memory`).",
+        ),
         Pinned(
             GPUModelRunner,
             "_model_forward",

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """CPP gives the same greedy tokens as plain vLLM, through real engines.
 
-Reference: plain vLLM at PP=1. CPP runs at PP=2 with prefix caching on and off, and with a KV cache
-so small that requests are preempted mid-prefill and recomputed. Float32 and eager, so that only
-the chunking differs (CPP cuts prompts at other places than vLLM's fixed chunks).
+Reference: plain vLLM at PP=1. CPP runs at PP=2 with prefix caching on and off, at PP=4 (the
+design's `vllm serve --omni -pp 4 --cpp`, through the Python API and the server), and with a KV
+cache so small that requests are preempted mid-prefill and recomputed. Float32 and eager, so that
+only the chunking differs (CPP cuts prompts at other places than vLLM's fixed chunks).
 """
 
 import gc
 import random
+import re
 
 import pytest
 
@@ -19,9 +21,11 @@ MAX_TOKENS = 8
 COMMON = dict(dtype="float32", enforce_eager=True, seed=0)
 # Up to 16K: CPP's chunks already shrink with the context there, and a 32K float32 prompt cost
 # this file four times as long (attention grows with the square of the length) for the same check.
-# The 16K prompt runs in one CPP configuration; the others stop at 4K (SHORTER).
-LONG_LENGTHS = [1024, 4096 + 37, 16384 + 5]
+# The 16K prompt runs in one CPP configuration; PP=4 stops at 8K (UP_TO_8K), the others at 4K
+# (SHORTER).
+LONG_LENGTHS = [1024, 4096 + 37, 8192 + 11, 16384 + 5]
 SHORTER = 2
+UP_TO_8K = 3
 MAX_MODEL_LEN = 16384 + 64
 
 
@@ -121,3 +125,52 @@ def test_cpp_micro_chunks_match_plain_pp1(tiny_models, prompts, reference):
     assert any(r["pieces"] == 3 for r in pieces[0]), "no step was split into micro-chunks"
     # Every rank ran the same pieces, in the same order.
     assert [r["chunks"] for r in pieces[0]] == [r["chunks"] for r in pieces[1]]
+
+
+# PP=4: two layers of the 8-layer model per stage, four ranks on this 2-core machine (slower, not
+# wrong: every rank computes its own layers whatever the cores). The Python API without prefix
+# caching; the server below with it (vLLM's default).
+def test_cpp_pp4_matches_plain_pp1(tiny_models, prompts, reference):
+    args = cpp_engine_args(
+        pipeline_parallel_size=4, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False
+    )
+    sets = {"long": prompts["long"][:UP_TO_8K], "prefix": prompts["prefix"]}
+    got = _run(tiny_models["llama-8l"], sets, **args)
+    assert got["long"] == reference["long"][:UP_TO_8K]
+    assert got["prefix"] == reference["prefix"]
+    ranks = got["step_records"]
+    assert len(ranks) == 4
+    # Every stage ran every step, and CPP cut the 8K prompt into more than one chunk.
+    assert len({len(r) for r in ranks}) == 1
+    assert [r["chunks"] for r in ranks[0]] == [r["chunks"] for r in ranks[3]]
+    assert max(x for r in ranks[0] for x, _ in r["chunks"]) < LONG_LENGTHS[2]
+
+
+def test_serve_omni_pp4_cpp_matches_plain_pp1(tiny_models, prompts, reference):
+    import openai
+    import requests
+
+    from tests.server import BIN, ServerProcess
+
+    model = str(tiny_models["llama-8l"])
+    command = [str(BIN / "vllm"), "serve", model, "--omni", "--pipeline-parallel-size", "4"]
+    command += ["--cpp", "--dtype", "float32", "--enforce-eager", "--seed", "0"]
+    command += ["--max-model-len", str(MAX_MODEL_LEN)]
+    with ServerProcess(command, timeout_s=600) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        sets = {"long": prompts["long"][:UP_TO_8K], "prefix": prompts["prefix"]}
+        for name, token_prompts in sets.items():
+            for i, prompt in enumerate(token_prompts):
+                completion = client.completions.create(
+                    model=model,
+                    prompt=prompt,
+                    max_tokens=MAX_TOKENS,
+                    temperature=0.0,
+                    extra_body={"min_tokens": MAX_TOKENS, "return_token_ids": True},
+                )
+                assert getattr(completion.choices[0], "token_ids") == reference[name][i], (name, i)
+        metrics = requests.get(f"{server.url}/metrics", timeout=30).text
+    hits = re.findall(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)
+    assert hits and float(hits[0]) >= 2048, (
+        "prefix caching was off: the prompts sharing 3000 tokens"
+    )

@@ -58,3 +58,12 @@ def test_plain_flags_leave_the_graph_alone(tmp_path) -> None:
     graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
     assert graph["text_encoder"].scheduler == "default"
     assert "scheduler_cls" not in ARStage(graph["text_encoder"]).engine_args()
+
+
+def test_stage_backend_puts_every_stage_on_ray(tmp_path) -> None:
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    config = server_config(_args(str(tmp_path), "--stage-backend", "ray", "--enforce-eager"))
+    graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert {stage.backend for stage in graph.stages} == {"ray"}
+    engine_args = ARStage(graph["text_encoder"]).engine_args()
+    assert engine_args["distributed_executor_backend"] == "ray" and engine_args["enforce_eager"]

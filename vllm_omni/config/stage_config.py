@@ -29,6 +29,7 @@ ENGINE_TYPES = ("AR", "DiT")
 SCHEDULERS = {"AR": ("default", "cpp"), "DiT": SCHEDULING_MODES}
 EXECUTORS = {"AR": ("auto", "mp", "uni", "ray"), "DiT": ("diffusers", "vae_decoder", "code2wav")}
 DEFAULT_SCHEDULER = {"AR": "default", "DiT": "step"}
+BACKENDS = ("local", "ray")
 DEFAULT_EXECUTOR = {"AR": "auto", "DiT": "diffusers"}
 # DiT executors that run whole requests only: `fifo` is their default and only scheduler.
 WHOLE_REQUEST_EXECUTORS = ("vae_decoder", "code2wav")
@@ -59,6 +60,13 @@ class StageConfig:
     stream_input: bool = False
     """Start as soon as the (single) source starts, reading its partial outputs as they come
     (`inputs["upstream"]`, see vllm_omni.engine.upstream), instead of after it finishes."""
+    backend: str = "local"
+    """Where the stage computes: `local` (processes on this machine) or `ray` (a DiT stage's
+    loop in a Ray actor placed by `resources`; an AR stage's engine with its workers on Ray,
+    i.e. `distributed_executor_backend="ray"`). docs/distributed.md."""
+    resources: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1})
+    """Ray resources a DiT stage's actor needs ("CPU", "GPU" or custom names): they choose its
+    node. Only with `backend: ray`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -99,6 +107,20 @@ class StageConfig:
             raise ValueError(
                 f"stream_input: a streaming stage reads exactly one source, got {self.sources}"
             )
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: must be one of {BACKENDS}, got {self.backend!r}")
+        for key, amount in self.resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+                raise ValueError(f"resources.{key}: must be a number >= 0, got {amount!r}")
+        if (
+            self.backend == "ray"
+            and self.engine_type == "AR"
+            and self.executor not in ("auto", "ray")
+        ):
+            raise ValueError(
+                f"executor: an AR stage with backend 'ray' runs its workers on Ray; "
+                f"got executor {self.executor!r}"
+            )
         if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
             raise ValueError(f"max_inflight: must be an integer >= 1, got {self.max_inflight!r}")
         if self.engine_type == "DiT":
@@ -131,7 +153,7 @@ class StageConfig:
         for key in ("input_modalities", "output_modalities"):
             if key in values:
                 values[key] = tuple(values[key])
-        for key in ("inputs", "engine_args", "dit"):
+        for key in ("inputs", "engine_args", "dit", "resources"):
             if key in values and not isinstance(values[key], Mapping):
                 raise ValueError(f"{key}: must be a mapping, got {type(values[key]).__name__}")
         return cls(**values)

@@ -22,7 +22,7 @@ import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheConfig, DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
-from vllm_omni.diffusion.executor import EXECUTORS
+from vllm_omni.diffusion.executor import EXECUTORS, DiffusersPipelineExecutor
 from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiffusionScheduler, DiTSchedulerConfig
@@ -34,10 +34,21 @@ EXPIRY_CHECK_S = 10.0
 
 
 class DiffusionEngineCore:
-    def __init__(self, config: DiTConfig, mode: str = "step", executor: str = "diffusers") -> None:
+    """`pipe` (diffusers executor only): an already built pipeline instead of `config.model`."""
+
+    def __init__(
+        self, config: DiTConfig, mode: str = "step", executor: str = "diffusers", pipe=None
+    ) -> None:
         self.config = config
         self.cache = DiTCacheManager(DiTCacheConfig(config.cache_max_bytes, config.cache_ttl_s))
-        self.executor = EXECUTORS[executor](config, self.cache)
+        if pipe is None:
+            self.executor = EXECUTORS[executor](config, self.cache)
+        elif executor == "diffusers":
+            self.executor = DiffusersPipelineExecutor(config, self.cache, pipe)
+        else:
+            raise ValueError(
+                f"pipe: only the 'diffusers' executor takes a built pipeline, not {executor!r}"
+            )
         self.scheduler = DiffusionScheduler(
             DiTSchedulerConfig(mode=mode, max_num_seqs=config.max_num_seqs),
             self.cache,

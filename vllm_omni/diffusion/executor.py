@@ -52,11 +52,14 @@ def load_pipeline(config: DiTConfig, device: torch.device, *skip: str):
 
 
 class DiffusersPipelineExecutor:
-    def __init__(self, config: DiTConfig, cache: DiTCacheManager) -> None:
+    """`pipe`: an already built pipeline to run instead of loading `config.model` (shapes
+    with no folder on disk: benchmarks/gpu_check.py's full-size random transformer)."""
+
+    def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         start = time.perf_counter()
-        self.pipe = load_pipeline(config, self.device)
+        self.pipe = load_pipeline(config, self.device) if pipe is None else pipe.to(self.device)
         self.model_runner = DiffusionModelRunner(self.pipe, cache, self.device, config.decode)
         logger.info(
             "DiT stage: loaded %s (%s) on %s in %.1f s",

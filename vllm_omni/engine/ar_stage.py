@@ -59,6 +59,8 @@ class ARStage:
             args.setdefault("tokenizer", self.config.tokenizer)
         if self.config.executor != "auto":
             args["distributed_executor_backend"] = self.config.executor
+        if self.config.backend == "ray":
+            args["distributed_executor_backend"] = "ray"
         if self.config.scheduler == "cpp":
             from vllm_omni.cpp.engine_args import cpp_engine_args
 

@@ -1,16 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DiTStage: the orchestrator's handle on a DiT stage running in its own process.
+"""DiTStage: the orchestrator's handle on a DiT stage running in its own process or Ray actor.
 
 Requests go in through one queue and results come back through another; a reader thread
 hands results to the orchestrator's event loop. Tensors cross the process boundary as numpy
-arrays (plain pickles, no shared-memory file descriptors to leak).
+arrays (plain pickles, no shared-memory file descriptors to leak; on Ray, one object ref per
+request). Where the loop runs: `vllm_omni.engine.stage_process`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing
 import queue
 import random
 import threading
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from vllm_omni.config.stage_config import StageConfig
-from vllm_omni.diffusion.engine_core import run_dit_stage
 from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.busy import BusyTracker
+from vllm_omni.engine.stage_process import start_stage_process
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -80,28 +80,27 @@ class DiTStage:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._ready = self._loop.create_future()
-        ctx = multiprocessing.get_context("spawn")
-        self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
-        self._process = ctx.Process(
-            target=run_dit_stage,
-            args=(
-                self.dit_config,
-                self.config.scheduler,
-                self.config.executor,
-                self._inbox,
-                self._outbox,
-            ),
-            name=f"DiTStage-{self.name}",
-            daemon=True,
-        )
         start = time.perf_counter()
-        self._process.start()
+        self._process = start_stage_process(
+            self.name,
+            self.dit_config,
+            self.config.scheduler,
+            self.config.executor,
+            self.config.backend,
+            self.config.resources,
+        )
+        self._inbox, self._outbox = self._process.inbox, self._process.outbox
         self._reader = threading.Thread(
             target=self._read, name=f"DiTReader-{self.name}", daemon=True
         )
         self._reader.start()
         self.info = await asyncio.wait_for(self._ready, START_TIMEOUT_S)
-        logger.info("DiT stage %r: up in %.1f s", self.name, time.perf_counter() - start)
+        logger.info(
+            "DiT stage %r: up in %.1f s (%s)",
+            self.name,
+            time.perf_counter() - start,
+            self._process.backend,
+        )
 
     # ------------------------------------------------------------------ requests
     @property
@@ -173,7 +172,7 @@ class DiTStage:
         self._pending[request_id] = future
         arrays = {k: v.detach().cpu().numpy() for k, v in inputs.items() if torch.is_tensor(v)}
         try:
-            self._inbox.put(("add", request_id, (arrays, params)))
+            self._inbox.put(("add", request_id, (self._process.pack(arrays), params)))
             return await future
         except asyncio.CancelledError:
             self._inbox.put(("abort", request_id, None))
@@ -195,11 +194,12 @@ class DiTStage:
     # ------------------------------------------------------------------ plumbing
     @property
     def pid(self) -> int | None:
+        """The local stage process's id (None on Ray)."""
         return self._process.pid if self._process is not None else None
 
     @property
     def is_alive(self) -> bool:
-        return self._process is not None and self._process.is_alive()
+        return self._process is not None and self._process.is_alive
 
     def _read(self) -> None:
         process = self._process
@@ -207,10 +207,10 @@ class DiTStage:
             try:
                 message = self._outbox.get(timeout=1.0)
             except queue.Empty:
-                if process.is_alive():
+                if process.is_alive:
                     continue
                 # Killed (e.g. out of memory) without a word: fail what it held, loudly.
-                message = ("died", None, process.exitcode)
+                message = ("died", None, process.death())
             if message is None:
                 return
             self._loop.call_soon_threadsafe(self._dispatch, message)
@@ -227,7 +227,7 @@ class DiTStage:
                     DiTStageError(f"DiT stage {self.name!r} failed to start:\n{payload}")
                 )
         elif kind == "died":
-            error = DiTStageError(f"DiT stage {self.name!r} process died (exit code {payload})")
+            error = DiTStageError(f"DiT stage {self.name!r}: {payload}")
             logger.error("%s", error)
             for future in [self._ready, *self._pending.values()]:
                 if future is not None and not future.done():
@@ -251,20 +251,10 @@ class DiTStage:
     def shutdown(self) -> None:
         if self._process is None:
             return
-        self._inbox.put(("shutdown", None, None))
-        self._process.join(timeout=10)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._outbox.put(None)
+        self._process.stop()
         if self._reader is not None:
             self._reader.join(timeout=10)
-        # Unlink the queues' semaphores now, by dropping the last references to them.
-        # multiprocessing would at interpreter exit, but uvicorn ends a server by re-raising the
-        # SIGTERM it got, which skips that: Python's resource tracker then reports them leaked.
-        for q in (self._inbox, self._outbox):
-            q.close()
-            q.join_thread()
+        self._process.close()
         self._process = self._inbox = self._outbox = None
 
 

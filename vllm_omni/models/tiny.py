@@ -239,14 +239,43 @@ def _qwen_image_text_encoder():
     return model
 
 
+def qwen_image_vae():
+    """Qwen-Image's VAE architecture, shrunk (8 base channels, one residual block per stage) but
+    with its latent width (z_dim 16) and 8x spatial compression; default-initialised."""
+    from diffusers import AutoencoderKLQwenImage
+
+    return AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=QWEN_IMAGE_Z_DIM,
+        dim_mult=[1, 2, 4, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],  # 3 stages: 8x spatial compression
+        latents_mean=[0.0] * QWEN_IMAGE_Z_DIM,
+        latents_std=[1.0] * QWEN_IMAGE_Z_DIM,
+    )
+
+
+def qwen_image_scheduler():
+    """Qwen-Image's own sampler: flow matching with a resolution-dependent ("dynamic")
+    exponential time shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=0.9,
+        base_image_seq_len=256,
+        max_image_seq_len=8192,
+        shift_terminal=0.02,
+        time_shift_type="exponential",
+    )
+
+
 def build_qwen_image(out: Path) -> None:
     import torch
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
+    from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
     from transformers import AutoTokenizer
 
     text_encoder = _qwen_image_text_encoder()
@@ -265,29 +294,9 @@ def build_qwen_image(out: Path) -> None:
     randomize_(transformer, QWEN_IMAGE_SEED + 1)
 
     torch.manual_seed(QWEN_IMAGE_SEED + 2)
-    vae = AutoencoderKLQwenImage(
-        base_dim=8,
-        z_dim=QWEN_IMAGE_Z_DIM,
-        dim_mult=[1, 2, 4, 4],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],  # 3 stages: 8x spatial compression
-        latents_mean=[0.0] * QWEN_IMAGE_Z_DIM,
-        latents_std=[1.0] * QWEN_IMAGE_Z_DIM,
-    )
+    vae = qwen_image_vae()
     randomize_(vae, QWEN_IMAGE_SEED + 2)
-
-    # Qwen-Image's scheduler: resolution-dependent ("dynamic") exponential time shift.
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=1.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=0.9,
-        base_image_seq_len=256,
-        max_image_seq_len=8192,
-        shift_terminal=0.02,
-        time_shift_type="exponential",
-    )
+    scheduler = qwen_image_scheduler()
 
     # Save the tokenizer first and load it back, so the pipeline records the class that
     # `from_pretrained` will construct (the generic fast tokenizer; `Qwen2Tokenizer` would

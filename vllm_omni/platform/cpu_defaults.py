@@ -103,8 +103,8 @@ def _user_set_binding() -> bool:
 
 
 def apply_cpu_defaults(vllm_config: VllmConfig) -> None:
-    """Fill in thread binding, KV cache size and malloc settings where the user set none (CPU
-    platform only)."""
+    """Fill in thread binding, KV cache size and malloc settings where the user set none, and
+    run `distributed_executor_backend="ray"` through the CPU Ray executor (CPU platform only)."""
     global _written_binding
     from vllm.utils.cpu_resource_utils import get_memory_node_info, get_visible_memory_node
 
@@ -121,6 +121,13 @@ def apply_cpu_defaults(vllm_config: VllmConfig) -> None:
             os.environ[BIND_ENV] = binding
             logger.info("vllm_omni: %s=%r for %d local ranks", BIND_ENV, binding, world_size)
         _written_binding = binding
+
+    parallel_config = vllm_config.parallel_config
+    if parallel_config.distributed_executor_backend == "ray":
+        from vllm_omni.executor.cpu_ray import CPURayExecutor
+
+        parallel_config.distributed_executor_backend = CPURayExecutor
+        logger.info("vllm_omni: Ray on CPU through %s", CPURayExecutor.__qualname__)
 
     cache_config = vllm_config.cache_config
     if cache_config.kv_cache_memory_bytes is None:

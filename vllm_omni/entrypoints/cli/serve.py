@@ -55,6 +55,14 @@ class OmniServeCommand(ServeSubcommand):
             help="YAML stage graph to serve (default: the model's built-in graph; docs/omni.md)",
         )
         omni.add_argument(
+            "--stage-backend",
+            choices=("local", "ray"),
+            default=None,
+            help="where every stage computes: local processes, or Ray (DiT stages as actors, AR "
+            "stages' workers through vLLM's Ray executor; docs/distributed.md). Default: the "
+            "stage graph's own setting (local)",
+        )
+        omni.add_argument(
             "--max-image-pixels",
             type=int,
             default=DEFAULT_MAX_PIXELS,
@@ -97,10 +105,12 @@ def server_config(args: argparse.Namespace):
         raise SystemExit(f"vllm-omni serve: error: {e}") from None
     overrides = {}
     for stage in graph.stages:
+        if args.stage_backend is not None:
+            overrides[stage.name] = {"backend": args.stage_backend}
         if stage.engine_type != "AR":
             continue
         engine_args: dict = {}
-        override: dict = {"engine_args": engine_args}
+        override: dict = {**overrides.get(stage.name, {}), "engine_args": engine_args}
         if args.enforce_eager:
             engine_args["enforce_eager"] = True
         if getattr(args, "dtype", "auto") != "auto":
