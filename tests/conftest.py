@@ -23,6 +23,21 @@ def tiny_models() -> dict[str, Path]:
     return build_tiny_models(default_models_dir())
 
 
+@pytest.fixture(scope="session")
+def greedy_prompts() -> dict[str, list[list[int]]]:
+    from tests.greedy_reference import make_prompts
+
+    return make_prompts()
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(tiny_models, greedy_prompts) -> dict:
+    """Plain vLLM PP=1's greedy tokens for `greedy_prompts` (tests/greedy_reference.py)."""
+    from tests.greedy_reference import MAX_MODEL_LEN, run_engine
+
+    return run_engine(tiny_models["llama-8l"], greedy_prompts, max_model_len=MAX_MODEL_LEN)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _fresh_cpp_cache(tmp_path_factory) -> Iterator[None]:
     """CPP engines fit and cache their cost model as they run: in the tests, into a folder of

@@ -7,80 +7,28 @@ cache so small that requests are preempted mid-prefill and recomputed. Float32 a
 only the chunking differs (CPP cuts prompts at other places than vLLM's fixed chunks).
 """
 
-import gc
-import random
 import re
 
 import pytest
 
+from tests.greedy_reference import LONG_LENGTHS, MAX_MODEL_LEN, MAX_TOKENS
+from tests.greedy_reference import run_engine as _run
 from vllm_omni.cpp import cpp_engine_args
 
 pytestmark = pytest.mark.engine
 
-MAX_TOKENS = 8
-COMMON = dict(dtype="float32", enforce_eager=True, seed=0)
-# Up to 16K: CPP's chunks already shrink with the context there, and a 32K float32 prompt cost
-# this file four times as long (attention grows with the square of the length) for the same check.
-# The 16K prompt runs in one CPP configuration; PP=4 stops at 8K (UP_TO_8K), the others at 4K
-# (SHORTER).
-LONG_LENGTHS = [1024, 4096 + 37, 8192 + 11, 16384 + 5]
+# The 16K prompt runs in one CPP configuration; the others stop at 4K (SHORTER); PP=4 adds 8K.
 SHORTER = 2
-UP_TO_8K = 3
-MAX_MODEL_LEN = 16384 + 64
-
-
-def _random_ids(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(3, 2000) for _ in range(n)]
-
-
-def _prompts() -> dict[str, list[list[int]]]:
-    rng = random.Random(1)
-    shared = _random_ids(rng, 3000)  # two prompts sharing a prefix: prefix-cache hits
-    return {
-        "long": [_random_ids(rng, n) for n in LONG_LENGTHS],
-        "prefix": [shared + _random_ids(rng, 500), shared + _random_ids(rng, 900)],
-        "preempt": [_random_ids(rng, n) for n in (3000, 2800, 2600, 2400)],
-    }
-
-
-def _generate(llm, prompts: list[list[int]]) -> list[list[int]]:
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
-
-
-def _num_preemptions(llm) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
-
-
-def _run(
-    model, prompt_sets: dict[str, list[list[int]]], **engine_args
-) -> dict[str, list[list[int]]]:
-    from vllm import LLM
-
-    llm = LLM(model=str(model), **COMMON, disable_log_stats=False, **engine_args)
-    try:
-        outputs = {name: _generate(llm, prompts) for name, prompts in prompt_sets.items()}
-        outputs["num_preemptions"] = _num_preemptions(llm)
-        if engine_args.get("worker_cls"):  # CPP's worker keeps a step timeline
-            outputs["step_records"] = llm.collective_rpc("cpp_take_step_records")
-        return outputs
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
 
 
 @pytest.fixture(scope="module")
-def prompts():
-    return _prompts()
+def prompts(greedy_prompts):
+    return greedy_prompts
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_models, prompts):
-    return _run(tiny_models["llama-8l"], prompts, max_model_len=MAX_MODEL_LEN)
+def reference(greedy_reference):
+    return greedy_reference
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix-cache", "no-prefix-cache"])
@@ -129,21 +77,21 @@ def test_cpp_micro_chunks_match_plain_pp1(tiny_models, prompts, reference):
 
 # PP=4: two layers of the 8-layer model per stage, four ranks on this 2-core machine (slower, not
 # wrong: every rank computes its own layers whatever the cores). The Python API without prefix
-# caching; the server below with it (vLLM's default).
+# caching, up to 8K tokens; the server below with it (vLLM's default) and the prefix prompts.
 def test_cpp_pp4_matches_plain_pp1(tiny_models, prompts, reference):
     args = cpp_engine_args(
         pipeline_parallel_size=4, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False
     )
-    sets = {"long": prompts["long"][:UP_TO_8K], "prefix": prompts["prefix"]}
+    sets = {"long": prompts["long"][:SHORTER], "8k": prompts["8k"]}
     got = _run(tiny_models["llama-8l"], sets, **args)
-    assert got["long"] == reference["long"][:UP_TO_8K]
-    assert got["prefix"] == reference["prefix"]
+    assert got["long"] == reference["long"][:SHORTER]
+    assert got["8k"] == reference["8k"]
     ranks = got["step_records"]
     assert len(ranks) == 4
     # Every stage ran every step, and CPP cut the 8K prompt into more than one chunk.
     assert len({len(r) for r in ranks}) == 1
     assert [r["chunks"] for r in ranks[0]] == [r["chunks"] for r in ranks[3]]
-    assert max(x for r in ranks[0] for x, _ in r["chunks"]) < LONG_LENGTHS[2]
+    assert max(x for r in ranks[0] for x, _ in r["chunks"]) < len(prompts["8k"][0])
 
 
 def test_serve_omni_pp4_cpp_matches_plain_pp1(tiny_models, prompts, reference):
@@ -158,7 +106,7 @@ def test_serve_omni_pp4_cpp_matches_plain_pp1(tiny_models, prompts, reference):
     command += ["--max-model-len", str(MAX_MODEL_LEN)]
     with ServerProcess(command, timeout_s=600) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
-        sets = {"long": prompts["long"][:UP_TO_8K], "prefix": prompts["prefix"]}
+        sets = {"long": prompts["long"][:SHORTER], "prefix": prompts["prefix"]}
         for name, token_prompts in sets.items():
             for i, prompt in enumerate(token_prompts):
                 completion = client.completions.create(

@@ -2,18 +2,15 @@
 """CPP on Ray on CPU: `distributed_executor_backend="ray"` runs vLLM's RayExecutorV2 through
 CPURayExecutor, on a local cluster of two fake nodes (tests/conftest.py `ray_cluster`)."""
 
-import gc
 import os
-import random
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.greedy_reference import run_engine
 from vllm_omni.cpp import cpp_engine_args
 from vllm_omni.executor.cpu_ray import RAY_RESOURCE, threads_per_worker
-
-MAX_TOKENS = 8
 
 
 def test_threads_follow_the_node_share():
@@ -46,27 +43,6 @@ def _placement(worker) -> dict:
     }
 
 
-def _run(model: str, prompts: list[list[int]], **engine_args) -> dict:
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, seed=0, **engine_args)
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        status = Path(engine_args["additional_config"]["cpp"]["status_path"])
-        return {
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "workers": llm.collective_rpc(_placement),
-            "steps": llm.collective_rpc("cpp_take_step_records"),
-            # The CPP scheduler publishes its cost-model status there while it runs.
-            "cpp_scheduler": status.exists(),
-        }
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
-
-
 def _leftovers() -> dict[str, list]:
     """Live actors (vLLM names its workers) and placement groups, from Ray's control store
     (the state API would need the dashboard, which the test cluster does not run)."""
@@ -89,29 +65,35 @@ def _gone(pids: list[int], timeout_s: float = 20.0) -> bool:
 
 
 @pytest.mark.engine
-def test_cpp_pp2_on_ray_matches_multiprocessing(tiny_models, ray_cluster, monkeypatch):
+def test_cpp_pp2_on_ray_matches_plain_pp1(
+    tiny_models, ray_cluster, greedy_prompts, greedy_reference, monkeypatch
+):
     import ray
 
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(_placement)
-    model = str(tiny_models["llama-8l"])
-    rng = random.Random(3)
-    prompts = [[rng.randrange(3, 2000) for _ in range(n)] for n in (5, 700, 3000)]
-    args = dict(pipeline_parallel_size=2, max_model_len=4096)
+    sets = {"long": greedy_prompts["long"][:1], "prefix": greedy_prompts["prefix"]}
+    args = cpp_engine_args(pipeline_parallel_size=2, distributed_executor_backend="ray")
+    status = Path(args["additional_config"]["cpp"]["status_path"])
 
-    on_ray = _run(model, prompts, **cpp_engine_args(distributed_executor_backend="ray", **args))
+    def inspect(llm) -> dict:
+        # The CPP scheduler publishes its cost-model status there while it runs.
+        return {"workers": llm.collective_rpc(_placement), "cpp_scheduler": status.exists()}
+
+    on_ray = run_engine(tiny_models["llama-8l"], sets, inspect, max_model_len=4096, **args)
     # Shut down: no actor, placement group or worker process left, both slots free again.
     assert _leftovers() == {"actors": [], "placement_groups": []}
     assert ray.available_resources().get(RAY_RESOURCE) == 2
     assert _gone([w["pid"] for w in on_ray["workers"]])
 
-    local = _run(model, prompts, **cpp_engine_args(distributed_executor_backend="mp", **args))
-
-    assert on_ray["tokens"] == local["tokens"]
+    # Plain PP=1's tokens, which CPP at PP=2 under multiprocessing also gives for these prompts
+    # (tests/cpp/test_cpp_engine.py).
+    assert on_ray["long"] == greedy_reference["long"][:1]
+    assert on_ray["prefix"] == greedy_reference["prefix"]
     nodes = [w["node"] for w in on_ray["workers"]]
     assert None not in nodes and len(set(nodes)) == 2, nodes  # one rank per fake node
     assert {w["worker"] for w in on_ray["workers"]} == {"CPPCPUWorker"}
-    assert on_ray["cpp_scheduler"] and local["cpp_scheduler"]
-    # Both stages ran the same CPP steps, and the 3000-token prompt took more than one.
-    chunks = [[r["chunks"] for r in rank] for rank in on_ray["steps"]]
+    assert on_ray["cpp_scheduler"]
+    # Both stages ran the same CPP steps, and the 3500-token prompts took more than one each.
+    chunks = [[r["chunks"] for r in rank] for rank in on_ray["step_records"]]
     assert chunks[0] == chunks[1]
     assert max(x for step in chunks[0] for x, _ in step) < 3000

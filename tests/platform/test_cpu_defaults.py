@@ -37,9 +37,11 @@ def test_kv_cache_sized_when_default_overcommits():
     assert plan_kv_cache_bytes(500 * GiB, 512 * GiB, 0.92, 1) == cpu_defaults.MAX_KV_CACHE_BYTES
 
 
-def _config(world_size, kv_bytes=None, utilization=0.92):
+def _config(world_size, kv_bytes=None, utilization=0.92, backend="mp"):
     return SimpleNamespace(
-        parallel_config=SimpleNamespace(local_world_size=world_size),
+        parallel_config=SimpleNamespace(
+            local_world_size=world_size, distributed_executor_backend=backend
+        ),
         cache_config=SimpleNamespace(
             kv_cache_memory_bytes=kv_bytes, gpu_memory_utilization=utilization
         ),
@@ -99,3 +101,14 @@ def test_own_binding_is_replaced_for_a_later_engine(small_machine):
     # A PP=1 engine afterwards in the same process gets vLLM's own default back.
     cpu_defaults.apply_cpu_defaults(_config(world_size=1))
     assert "VLLM_CPU_OMP_THREADS_BIND" not in cpu_defaults.os.environ
+
+
+def test_ray_on_cpu_runs_through_the_cpu_ray_executor(small_machine):
+    from vllm_omni.executor.cpu_ray import CPURayExecutor
+
+    config = _config(world_size=2, backend="ray")
+    cpu_defaults.apply_cpu_defaults(config)
+    assert config.parallel_config.distributed_executor_backend is CPURayExecutor
+    local = _config(world_size=2)
+    cpu_defaults.apply_cpu_defaults(local)
+    assert local.parallel_config.distributed_executor_backend == "mp"

@@ -10,6 +10,7 @@ On Ray the queues are `ray.util.queue.Queue`s and a request's tensors travel as 
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,7 +109,10 @@ class RayStageProcess:
         from ray.util.queue import Queue
 
         if not ray.is_initialized():
-            ray.init(address="auto")
+            from vllm_omni.executor.cpu_ray import join_or_start_ray
+
+            # Without a cluster, one on this machine, with CPU slots for AR stages' workers.
+            join_or_start_ray(cpu_slots=os.cpu_count() or 1)
         custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
         options = dict(
             name=f"vllm_omni-stage-{name}-{id(self):x}",

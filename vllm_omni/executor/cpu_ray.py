@@ -54,17 +54,19 @@ def threads_per_worker(node_resources: dict[str, float]) -> int:
     return max(1, int(node_resources.get("CPU", 1)) // slots)
 
 
-def _init_ray(runtime_env, world_size: int) -> None:
+def join_or_start_ray(runtime_env=None, cpu_slots: int = 1) -> None:
     """Join the cluster of RAY_ADDRESS or the one running on this machine; with none, start a
-    single-machine Ray offering one `vllm_cpu` slot per rank. Keeps vLLM's SIGTERM handler,
-    which `ray.init` replaces with a plain exit."""
+    single-machine Ray offering `cpu_slots` `vllm_cpu` slots. Keeps the process's SIGTERM
+    handler (vLLM's, uvicorn's), which `ray.init` replaces with a plain exit."""
     main_thread = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
         ray.init(address="auto", runtime_env=runtime_env)
     except ConnectionError:
+        if os.environ.get("RAY_ADDRESS"):
+            raise  # the user named a cluster: do not quietly run without it
         logger.info("CPU Ray executor: no Ray cluster found, starting one on this machine")
-        ray.init(runtime_env=runtime_env, resources={RAY_RESOURCE: world_size})
+        ray.init(runtime_env=runtime_env, resources={RAY_RESOURCE: cpu_slots})
     if handler is not None:
         signal.signal(signal.SIGTERM, handler)
 
@@ -113,7 +115,7 @@ class CPURayExecutor(RayExecutorV2):
         self._placement_group = None
         config = self.parallel_config
         if not ray.is_initialized():
-            _init_ray(config.ray_runtime_env, config.world_size)
+            join_or_start_ray(config.ray_runtime_env, config.world_size)
         if config.placement_group is None and ray.util.get_current_placement_group() is None:
             config.placement_group = self._placement_group = self._make_placement_group()
         try:
@@ -123,7 +125,7 @@ class CPURayExecutor(RayExecutorV2):
             self.shutdown()
             raise
         for queue in self.response_mqs:  # created by the workers, which ray.kill ends abruptly
-            _unlink_attached(getattr(queue.buffer, "shared_memory", None))
+            _unlink_attached(getattr(getattr(queue, "buffer", None), "shared_memory", None))
         logger.info(
             "CPU Ray executor: %d workers on %d node(s)",
             self.world_size,
