@@ -107,11 +107,11 @@ FULL = Sizes(
     fixed_chunk=4 * K,
 )
 
-DRY = Sizes(
-    dit=dict(
-        patch_size=2,
-        in_channels=64,
-        out_channels=16,
+# --dry-run: the same architectures at tiny shapes (CPU, seconds); the rest as FULL.
+DRY = dataclasses.replace(
+    FULL,
+    dit=FULL.dit
+    | dict(
         num_layers=2,
         attention_head_dim=32,
         num_attention_heads=2,
@@ -127,8 +127,6 @@ DRY = Sizes(
     chunks=(64, 128, 256),
     repeats=1,
     prompt_lengths=(128 * K, 1024 * K),
-    pp_sizes=(4, 8),
-    fixed_chunk=4 * K,
 )
 
 
