@@ -89,15 +89,21 @@ class Result:
         }
 
 
-def wide_model(tiny: Path) -> Path:
-    """The tiny pipeline with a wider DiT, built once (deterministic weights)."""
+def wide_model(
+    tiny: Path,
+    dit: dict[str, Any] = WIDE_DIT,
+    name: str = "bench-qwen-image-wide",
+    time_max_frequency: float | None = None,
+) -> Path:
+    """The tiny pipeline with a wider DiT (`dit`: transformer config), built once under `name`
+    (deterministic weights). `time_max_frequency`: see `smooth_time_embedding_`."""
     from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
 
-    from vllm_omni.models.tiny import QWEN_IMAGE_SEED, randomize_
+    from vllm_omni.models.tiny import QWEN_IMAGE_SEED, randomize_, smooth_time_embedding_
 
-    out = default_models_dir() / "bench-qwen-image-wide"
+    out = default_models_dir() / name
     stamp = out / ".complete"
-    key = json.dumps(WIDE_DIT, sort_keys=True) + (tiny / ".complete").read_text()
+    key = json.dumps([dit, time_max_frequency], sort_keys=True) + (tiny / ".complete").read_text()
     if stamp.is_file() and stamp.read_text() == key:
         return out
     pipe = QwenImagePipeline.from_pretrained(tiny)
@@ -107,9 +113,11 @@ def wide_model(tiny: Path) -> Path:
         in_channels=old.in_channels,
         out_channels=old.out_channels,
         joint_attention_dim=old.joint_attention_dim,
-        **WIDE_DIT,
+        **dit,
     )
     randomize_(transformer, QWEN_IMAGE_SEED + 11)
+    if time_max_frequency is not None:
+        smooth_time_embedding_(transformer, time_max_frequency)
     pipe.transformer = transformer
     pipe.register_modules(transformer=transformer)
     pipe.save_pretrained(out)

@@ -45,6 +45,11 @@ def server(tiny_models):
         API_KEY,
         "--max-image-pixels",
         str(MAX_PIXELS),
+        # The deadline policy serves requests without an SLO too (infinite slack): every test
+        # here runs under it; the default (fcfs) runs in test_omni_llm.py and the others.
+        "--dit-scheduling-policy",
+        "deadline",
+        "--dit-admission-control",
     ]
     with ServerProcess(command, api_key=API_KEY) as server:
         yield server
@@ -124,6 +129,8 @@ def test_concurrent_requests(client) -> None:
         ({"prompt": "x", "response_format": "url"}, "response_format"),
         ({"prompt": "x", "num_inference_steps": 0}, "num_inference_steps"),
         ({"prompt": "x", "seed": -1}, "seed"),
+        ({"prompt": "x", "cache_threshold": 1.5}, "cache_threshold"),
+        ({"prompt": "x", "latency_slo_ms": 0}, "latency_slo_ms"),
         ({"prompt": "x", "colour": "red"}, "colour"),
         ({"size": "64x64"}, "prompt"),
     ],
@@ -210,6 +217,43 @@ def test_metrics(server, client) -> None:
     assert _metric(server, "vllm_omni:kv_cache_usage_perc", stage="text_encoder") == 0
 
 
+def test_request_opts_into_residual_caching(server, client) -> None:
+    """`cache_threshold` per request (the server runs without --dit-cache): the DiT stage
+    serves some of the request's steps from its residual cache, and /metrics counts them."""
+
+    def row_steps(outcome: str) -> float:
+        value = _metric(
+            server, "vllm_omni:dit_residual_cache_row_steps", stage="dit", outcome=outcome
+        )
+        return 0.0 if value != value else value  # not yet exported: none so far
+
+    before = row_steps("cached") + row_steps("computed"), row_steps("cached")
+    result = client.images.generate(
+        prompt="a lighthouse",
+        size="64x64",
+        extra_body={"seed": 3, "num_inference_steps": 12, "cache_threshold": 1.0},
+    )
+    assert _image(result.data[0]).size == (64, 64)
+    assert row_steps("cached") + row_steps("computed") - before[0] == 12
+    assert row_steps("cached") > before[1]
+
+
+def test_unreachable_latency_slo_is_429_and_the_server_stays_up(server, client) -> None:
+    client.images.generate(prompt="x", size="128x128", extra_body={"seed": 1, **FAST})  # priced
+    body = {"prompt": "x", "size": "128x128", "latency_slo_ms": 0.001, **FAST}
+    r = requests.post(
+        f"{server.url}/v1/images/generations", json=body, headers=server.headers, timeout=60
+    )
+    assert r.status_code == 429, r.text
+    error = r.json()["error"]
+    assert error["param"] == "latency_slo_ms" and error["type"] == "rate_limit_exceeded"
+    assert _metric(server, "vllm_omni:dit_slo_requests", stage="dit", outcome="rejected") >= 1
+    met = _metric(server, "vllm_omni:dit_slo_requests", stage="dit", outcome="met")
+    reachable = {"seed": 2, "latency_slo_ms": 60_000, **FAST}
+    client.images.generate(prompt="x", size="128x128", extra_body=reachable)
+    assert _metric(server, "vllm_omni:dit_slo_requests", stage="dit", outcome="met") == met + 1
+
+
 def test_chat_completions_return_the_image(client) -> None:
     reply = client.chat.completions.create(
         model="tiny-qwen-image",
@@ -276,12 +320,20 @@ def test_openapi_states_this_servers_limits(openapi) -> None:
 def _cheap(openapi: dict, body: str) -> dict:
     """Schema-valid values of the costly fields that keep a fuzz request to a fraction of a
     second: small sizes that obey the published multiple and pixel limit, 1-2 images of 1-2
-    steps. Sizes are always sent: the model's default (1024x1024) is slow on this CPU."""
+    steps. Sizes are always sent: the model's default (1024x1024) is slow on this CPU. SLOs are
+    generous: this server's admission control answers an unreachable one with 429, which is
+    overload, not a bad body (tested on its own below)."""
     size = _size_schema(openapi, body)
     sides = range(size["x-size-multiple"], 64 + 1, size["x-size-multiple"])
     sizes = [f"{w}x{h}" for w in sides for h in sides if w * h <= size["x-max-pixels"]]
     small_int = {"type": "integer", "minimum": 1, "maximum": 2}
-    return {"size": {"enum": sizes}, "n": small_int, "num_inference_steps": small_int}
+    slo = {"type": "number", "minimum": 600_000, "maximum": 10**9}
+    return {
+        "size": {"enum": sizes},
+        "n": small_int,
+        "num_inference_steps": small_int,
+        "latency_slo_ms": slo,
+    }
 
 
 def _is_png(b64: str) -> bool:

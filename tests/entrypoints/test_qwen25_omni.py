@@ -45,7 +45,9 @@ def stage_params(seed: int = SEED, voice: str = "Chelsie") -> dict:
 
 @pytest.fixture(scope="module")
 def omni(tiny_models):
-    float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048}}
+    # Eager: `make demo` runs this graph compiled (its check fails CI too), and compiling two
+    # engines here would cost about a minute of the suite's time.
+    float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True}}
     llm = OmniLLM(
         tiny_models["qwen2.5-omni"], stage_overrides={"thinker": float32, "talker": float32}
     )

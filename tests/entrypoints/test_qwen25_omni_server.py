@@ -31,6 +31,7 @@ def server(tiny_models):
         "serve",
         str(tiny_models["qwen2.5-omni"]),
         "--omni",
+        "--enforce-eager",  # compiled: `make demo` (CI runs it before the tests)
         "--dtype",
         "float32",
         "--max-model-len",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from vllm_omni.config.model_defaults import resolve_stage_graph
@@ -67,3 +68,25 @@ def test_stage_backend_puts_every_stage_on_ray(tmp_path) -> None:
     assert {stage.backend for stage in graph.stages} == {"ray"}
     engine_args = ARStage(graph["text_encoder"]).engine_args()
     assert engine_args["distributed_executor_backend"] == "ray" and engine_args["enforce_eager"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("0.3", 0.3), ('{"threshold": 0.1, "max_consecutive": 2}', 0.1)],
+)
+def test_dit_cache_reaches_the_dit_stage_only(tmp_path, value, expected) -> None:
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    config = server_config(_args(str(tmp_path), "--dit-cache", value))
+    graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert graph["dit"].dit_config().residual_cache.threshold == expected
+    assert "dit" not in config.stage_overrides.get("text_encoder", {})
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [("fast", "expected a threshold"), ("1.5", "threshold"), ('{"warmup": 2}', "warmup")],
+)
+def test_bad_dit_cache_names_the_setting(tmp_path, value, field) -> None:
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    with pytest.raises(SystemExit, match=f"--dit-cache: {field}"):
+        server_config(_args(str(tmp_path), "--dit-cache", value))

@@ -124,7 +124,25 @@ class StageConfig:
         if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
             raise ValueError(f"max_inflight: must be an integer >= 1, got {self.max_inflight!r}")
         if self.engine_type == "DiT":
-            self.dit_config()  # validate now, not when the stage starts
+            dit = self.dit_config()  # validate now, not when the stage starts
+            if dit.scheduling_policy == "deadline" and self.scheduler != "step":
+                raise ValueError(
+                    f"dit.scheduling_policy: 'deadline' needs the 'step' scheduler, "
+                    f"this stage has {self.scheduler!r}"
+                )
+            if dit.admission_control and dit.scheduling_policy != "deadline":
+                raise ValueError("dit.admission_control: needs scheduling_policy 'deadline'")
+            cache = dit.residual_cache
+            if (
+                cache is not None
+                and cache.enabled
+                and (self.executor != "diffusers" or self.scheduler != "step")
+            ):
+                raise ValueError(
+                    "dit.residual_cache: residual caching runs in the 'diffusers' executor "
+                    f"with the 'step' scheduler; this stage has {self.executor!r} / "
+                    f"{self.scheduler!r}"
+                )
         elif self.dit:
             raise ValueError("dit: only DiT stages take DiT settings")
         if self.engine_type == "DiT" and self.engine_args:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from vllm_omni.diffusion.deadline import POLICIES
+from vllm_omni.diffusion.residual_cache import ResidualCacheConfig
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -15,7 +18,12 @@ class DiTConfig:
     weights' dtype. `device` "auto" picks CUDA when present. `num_threads`: torch intra-op
     threads of the DiT process (None: torch's default). `max_num_seqs`: requests batched
     together. `cache_max_bytes` / `cache_ttl_s`: see DiTCacheConfig. `decode`: False makes the
-    stage return latents (a `vae_decoder` stage downstream turns them into images)."""
+    stage return latents (a `vae_decoder` stage downstream turns them into images).
+    `residual_cache`: first-block residual caching for every request of the stage (a
+    ResidualCacheConfig or its fields as a dict; None: off, requests may still opt in).
+    `scheduling_policy`: `fcfs` or `deadline` (least slack first, step scheduler only);
+    `admission_control`: refuse requests whose latency SLO cannot be met (HTTP 429).
+    vllm_omni.diffusion.deadline."""
 
     model: str
     dtype: str = "auto"
@@ -25,14 +33,38 @@ class DiTConfig:
     cache_max_bytes: int | None = None
     cache_ttl_s: float = 600.0
     decode: bool = True
+    residual_cache: ResidualCacheConfig | None = None
+    scheduling_policy: str = "fcfs"
+    admission_control: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.residual_cache, dict):
+            try:
+                policy = ResidualCacheConfig.from_dict(self.residual_cache)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"residual_cache.{e}") from None
+            object.__setattr__(self, "residual_cache", policy)
+        elif self.residual_cache is not None and not isinstance(
+            self.residual_cache, ResidualCacheConfig
+        ):
+            raise ValueError(
+                f"residual_cache: must be a mapping of settings or None, "
+                f"got {self.residual_cache!r}"
+            )
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model: must be a non-empty path, got {self.model!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1 or None, got {self.num_threads}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(
+                f"scheduling_policy: must be one of {POLICIES}, got {self.scheduling_policy!r}"
+            )
+        if not isinstance(self.admission_control, bool):
+            raise ValueError(
+                f"admission_control: must be true or false, got {self.admission_control!r}"
+            )
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be an integer >= 1, got {self.max_num_seqs!r}")
 

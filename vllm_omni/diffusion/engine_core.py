@@ -22,6 +22,7 @@ import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheConfig, DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
+from vllm_omni.diffusion.deadline import DeadlineUnreachable
 from vllm_omni.diffusion.executor import EXECUTORS, DiffusersPipelineExecutor
 from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
@@ -50,7 +51,12 @@ class DiffusionEngineCore:
                 f"pipe: only the 'diffusers' executor takes a built pipeline, not {executor!r}"
             )
         self.scheduler = DiffusionScheduler(
-            DiTSchedulerConfig(mode=mode, max_num_seqs=config.max_num_seqs),
+            DiTSchedulerConfig(
+                mode=mode,
+                max_num_seqs=config.max_num_seqs,
+                policy=config.scheduling_policy,
+                admission_control=config.admission_control,
+            ),
             self.cache,
             self.executor.estimate_bytes,
         )
@@ -94,7 +100,7 @@ class DiffusionEngineCore:
         return finished, start, end
 
     def stats(self) -> dict[str, Any]:
-        return {
+        stats = {
             "num_waiting": self.scheduler.num_waiting,
             "num_running": self.scheduler.num_running,
             "cache_entries": self.cache.num_entries,
@@ -102,7 +108,14 @@ class DiffusionEngineCore:
             "num_steps": self.num_steps,
             "num_finished": self.num_finished,
             "last_step_s": self.last_step_s,
+            **self.scheduler.slo.as_dict(),
         }
+        runner = getattr(self.executor, "model_runner", None)
+        cached = getattr(runner, "cached_forward", None)
+        if cached is not None:  # row-steps through every block / served by the residual cache
+            stats["residual_computed_rows"] = cached.num_computed_rows
+            stats["residual_cached_rows"] = cached.num_cached_rows
+        return stats
 
 
 def run_dit_stage(config: DiTConfig, mode: str, executor: str, inbox, outbox) -> None:
@@ -142,8 +155,8 @@ def _handle(core: DiffusionEngineCore, message: tuple, outbox) -> bool:
         inputs = {name: torch.from_numpy(array) for name, array in arrays.items()}
         try:
             core.add_request(key, inputs, params)
-        except ValueError as e:
-            outbox.put(("failed", key, ("ValueError", str(e))))
+        except (ValueError, DeadlineUnreachable) as e:
+            outbox.put(("failed", key, (type(e).__name__, str(e))))
     elif kind == "abort":
         core.abort_request(key)
     elif kind == "stats":

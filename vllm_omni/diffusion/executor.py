@@ -60,7 +60,9 @@ class DiffusersPipelineExecutor:
         self.device = resolve_device(config.device)
         start = time.perf_counter()
         self.pipe = load_pipeline(config, self.device) if pipe is None else pipe.to(self.device)
-        self.model_runner = DiffusionModelRunner(self.pipe, cache, self.device, config.decode)
+        self.model_runner = DiffusionModelRunner(
+            self.pipe, cache, self.device, config.decode, config.residual_cache
+        )
         logger.info(
             "DiT stage: loaded %s (%s) on %s in %.1f s",
             config.model,
@@ -76,6 +78,9 @@ class DiffusersPipelineExecutor:
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         return self.model_runner.estimate_bytes(request)
+
+    def check_request(self, request: DiTRequest) -> None:
+        self.model_runner.policy(request.params)  # raises if the request's cache cannot run
 
     def execute_model(
         self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]

@@ -21,14 +21,29 @@ import torch
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.latent_decoder import LatentDecoder
 from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.residual_cache import (
+    POLICY,
+    FirstBlockCachedForward,
+    ResidualCacheConfig,
+    RowGroup,
+    supports,
+)
 
 PROMPT_EMBEDS = "prompt_embeds"
 NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
 
 
 class DiffusionModelRunner:
+    """`residual_cache`: the stage's first-block caching policy (None: off unless a request
+    asks for it with `cache_threshold`)."""
+
     def __init__(
-        self, pipe, cache: DiTCacheManager, device: torch.device, decodes: bool = True
+        self,
+        pipe,
+        cache: DiTCacheManager,
+        device: torch.device,
+        decodes: bool = True,
+        residual_cache: ResidualCacheConfig | None = None,
     ) -> None:
         if pipe.transformer.config.get("guidance_embeds", False):
             raise NotImplementedError("guidance-distilled transformers are not supported yet")
@@ -39,6 +54,12 @@ class DiffusionModelRunner:
         self.decoder = LatentDecoder(pipe)
         self.decodes = decodes
         self.num_channels_latents = pipe.transformer.config.in_channels // 4
+        self.residual_cache = residual_cache
+        self.cached_forward = (
+            FirstBlockCachedForward(pipe.transformer) if supports(pipe.transformer) else None
+        )
+        if residual_cache is not None and residual_cache.enabled and self.cached_forward is None:
+            FirstBlockCachedForward(pipe.transformer)  # raises, naming the setting
 
     def latent_grid(self, height: int, width: int) -> tuple[int, int, int]:
         f = self.decoder.size_multiple
@@ -80,34 +101,55 @@ class DiffusionModelRunner:
             raise ValueError(f"inputs: the DiT stage needs {PROMPT_EMBEDS!r}")
         if p.do_cfg and NEGATIVE_PROMPT_EMBEDS not in tensors:
             raise ValueError(f"inputs: guidance needs {NEGATIVE_PROMPT_EMBEDS!r}")
-        self.cache.allocate(request.request_id, tensors, sampler=sampler, step=0)
+        self.cache.allocate(
+            request.request_id, tensors, sampler=sampler, step=0, **{POLICY: self.policy(p)}
+        )
+
+    def policy(self, params) -> ResidualCacheConfig | None:
+        """The request's caching policy: the stage's, with the request's own threshold."""
+        threshold = params.cache_threshold
+        if threshold is None:
+            return self.residual_cache
+        if threshold > 0 and self.cached_forward is None:
+            raise ValueError(
+                f"cache_threshold: {type(self.pipe.transformer).__name__} does not support "
+                "residual caching"
+            )
+        return (self.residual_cache or ResidualCacheConfig()).with_threshold(threshold)
 
     @torch.inference_mode()
     def denoise_step(self, requests: list[DiTRequest]) -> None:
         """One denoising step for requests of equal image size, as one transformer call."""
-        rows_latents, rows_t, rows_text = [], [], []
+        rows_latents, rows_t, rows_text, groups = [], [], [], []
         entries = [self.cache.get(r.request_id) for r in requests]
         for request, entry in zip(requests, entries):
             t = entry.state["sampler"].timesteps[entry.state["step"]]
             names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if request.params.do_cfg else [])
+            start = len(rows_latents)
             for name in names:  # guidance: the unconditional row rides in the same batch
                 rows_latents.append(entry.tensors["latents"])
                 rows_t.append(t)
                 rows_text.append(entry.tensors[name])
+            groups.append(
+                RowGroup(start, len(rows_latents), entry, entry.state["step"], request.num_steps)
+            )
         latents = torch.cat(rows_latents)
         timestep = torch.stack(rows_t).to(latents.dtype) / 1000
         text, mask = pad_text(rows_text)
         p0 = requests[0].params
-        grid = self.latent_grid(p0.height, p0.width)
-        noise = self.pipe.transformer(
-            hidden_states=latents,
-            timestep=timestep,
-            guidance=None,
-            encoder_hidden_states=text,
-            encoder_hidden_states_mask=mask,
-            img_shapes=[[grid]] * latents.shape[0],
-            return_dict=False,
-        )[0]
+        img_shapes = [[self.latent_grid(p0.height, p0.width)]] * latents.shape[0]
+        if any(g.policy is not None for g in groups):
+            noise = self.cached_forward(latents, timestep, text, mask, img_shapes, groups)
+        else:
+            noise = self.pipe.transformer(
+                hidden_states=latents,
+                timestep=timestep,
+                guidance=None,
+                encoder_hidden_states=text,
+                encoder_hidden_states_mask=mask,
+                img_shapes=img_shapes,
+                return_dict=False,
+            )[0]
         row = 0
         for request, entry in zip(requests, entries):
             pred = noise[row : row + 1]

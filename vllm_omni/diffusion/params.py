@@ -18,6 +18,11 @@ class DiffusionSamplingParams:
     `height`/`width` of None take the pipeline's default size. `seed` of None draws a fresh one
     (the output reports it, so any image can be reproduced). Classifier-free guidance runs only
     with a `negative_prompt` and `true_cfg_scale > 1`, as in diffusers' Qwen-Image pipeline.
+    `cache_threshold`: this request's first-block residual caching threshold (None: the stage's
+    `residual_cache` setting; 0: off; docs/omni.md "Residual caching"); step scheduling only.
+    `latency_slo_ms`: end-to-end latency target; the DiT stage turns it into `deadline`
+    (wall-clock seconds, `time.time()`, counted from when the request entered the omni engine),
+    which a `deadline` scheduling policy serves least-slack-first.
     """
 
     height: int | None = None
@@ -27,8 +32,18 @@ class DiffusionSamplingParams:
     negative_prompt: str | None = None
     seed: int | None = None
     output_type: str = "pil"
+    cache_threshold: float | None = None
+    latency_slo_ms: float | None = None
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("latency_slo_ms", "deadline"):
+            value = getattr(self, name)
+            if value is not None and (not _is_finite(value) or value <= 0):
+                raise ValueError(f"{name}: must be None or a positive number, got {value!r}")
+        t = self.cache_threshold
+        if t is not None and (not _is_finite(t) or not 0 <= t <= 1):
+            raise ValueError(f"cache_threshold: must be None or a number in [0, 1], got {t!r}")
         for name in ("height", "width"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value <= 0):

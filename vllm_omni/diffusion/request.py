@@ -30,6 +30,12 @@ class DiTRequest:
     arrival: float = field(default_factory=time.monotonic)
     status: DiTRequestStatus = DiTRequestStatus.WAITING
     num_steps_done: int = 0
+    last_advanced_step: int = 0  # the scheduler's engine step when it last ran (or arrived)
+
+    @property
+    def deadline(self) -> float | None:
+        """Wall-clock time (time.time()) by which the result is due; None: no SLO."""
+        return getattr(self.params, "deadline", None)
 
     @property
     def shape_key(self) -> tuple:

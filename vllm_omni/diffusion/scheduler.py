@@ -6,8 +6,11 @@ Two modes, chosen by registered name in the stage config:
   share one whole-pipeline call with it (same size, steps and guidance), up to `max_num_seqs`;
   they run to completion in one engine step.
 - `step` (step-level continuous batching): requests join and leave between denoising steps.
-  Every engine step advances each running request by one step; requests of equal image size
-  share one transformer call whatever their step index, prompt length or guidance.
+  Requests of equal image size share one transformer call whatever their step index, prompt
+  length or guidance. Policy `fcfs`: requests are admitted in arrival order, up to
+  `max_num_seqs`, and every engine step advances each of them by one step. Policy
+  `deadline` (vllm_omni.diffusion.deadline): every engine step advances the most urgent
+  request and up to `max_num_seqs` - 1 more of its shape; the rest wait, state kept.
 
 Not to be confused with vLLM's own `vllm.v1.core.sched.diffusion_scheduler`, which serves
 diffusion *language* models.
@@ -15,11 +18,20 @@ diffusion *language* models.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.deadline import (
+    POLICIES,
+    DeadlinePolicy,
+    DeadlineUnreachable,
+    SLOStats,
+    StepCostModel,
+    rows_of,
+)
 from vllm_omni.diffusion.request import DiTRequest, DiTRequestStatus
 
 SCHEDULING_MODES = ("fifo", "step")
@@ -27,14 +39,31 @@ SCHEDULING_MODES = ("fifo", "step")
 
 @dataclass(frozen=True)
 class DiTSchedulerConfig:
+    """`policy`: `fcfs` or `deadline` (step mode only). `admission_control`: refuse requests
+    whose deadline cannot be met (deadline policy). `starvation_steps`: a request not
+    advanced for this many engine steps goes first (deadline policy)."""
+
     mode: str = "step"
     max_num_seqs: int = 8
+    policy: str = "fcfs"
+    admission_control: bool = False
+    starvation_steps: int = 64
 
     def __post_init__(self) -> None:
         if self.mode not in SCHEDULING_MODES:
             raise ValueError(f"scheduler: must be one of {SCHEDULING_MODES}, got {self.mode!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"scheduling_policy: must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy == "deadline" and self.mode != "step":
+            raise ValueError("scheduling_policy: 'deadline' needs the 'step' scheduler")
+        if self.admission_control and self.policy != "deadline":
+            raise ValueError("admission_control: needs scheduling_policy 'deadline'")
+        if not isinstance(self.starvation_steps, int) or self.starvation_steps < 1:
+            raise ValueError(
+                f"starvation_steps: must be an integer >= 1, got {self.starvation_steps!r}"
+            )
 
 
 @dataclass
@@ -68,13 +97,30 @@ class DiffusionScheduler:
         self.cache = cache
         self._estimate_bytes = estimate_bytes
         self.waiting: deque[DiTRequest] = deque()
-        self.running: list[DiTRequest] = []
+        self.running: list[DiTRequest] = []  # admitted: their state lives in the cache
         self.requests: dict[str, DiTRequest] = {}
+        self.costs = StepCostModel()
+        self.slo = SLOStats()
+        self.deadline_policy = (
+            DeadlinePolicy(self.costs, config.starvation_steps)
+            if config.policy == "deadline"
+            else None
+        )
+        self.engine_step = 0
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: DiTRequest) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id: {request.request_id!r} is already scheduled")
+        if self.config.admission_control and not self.deadline_policy.admissible(
+            request, list(self.requests.values()), time.time()
+        ):
+            self.slo.rejected += 1
+            raise DeadlineUnreachable(
+                f"latency_slo_ms: cannot be met with the work queued ahead of this request "
+                f"(its own steps take about {self.costs.remaining_s(request):.2f} s)"
+            )
+        request.last_advanced_step = self.engine_step
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -112,6 +158,8 @@ class DiffusionScheduler:
         self.running.append(request)
 
     def _schedule_steps(self) -> DiTSchedulerOutput:
+        if self.deadline_policy is not None:
+            return self._schedule_by_deadline()
         out = DiTSchedulerOutput(mode="step")
         admitted, admitted_bytes = 0, 0  # their entries are allocated by the runner later
         while self.waiting and len(self.running) < self.config.max_num_seqs:
@@ -127,6 +175,41 @@ class DiffusionScheduler:
         for request in self.running:  # oldest first, so the oldest shape runs first
             by_shape.setdefault(request.shape_key, []).append(request.request_id)
         out.groups = list(by_shape.values())
+        return out
+
+    def _schedule_by_deadline(self) -> DiTSchedulerOutput:
+        """The most urgent request that can run, and the next most urgent of its shape, as
+        long as the step stays shorter than the slack of the most urgent request of another
+        shape (a big batch would otherwise make it wait past its deadline)."""
+        out = DiTSchedulerOutput(mode="step")
+        now = time.time()
+        policy = self.deadline_policy
+        candidates = self.running + list(self.waiting)
+        ordered = policy.order(candidates, now, self.engine_step)
+        shape, picked, budget_s, step_s = None, [], float("inf"), 0.0
+        admitted, admitted_bytes = 0, 0
+        for request in ordered:
+            if len(picked) >= self.config.max_num_seqs:
+                break
+            if shape is not None and request.shape_key != shape:
+                budget_s = min(budget_s, max(0.0, policy.slack(request, now)))
+                continue
+            cost_s = rows_of(request) * self.costs.row_step(request.shape_key)
+            if picked and step_s + cost_s > budget_s:
+                break
+            if request.status == DiTRequestStatus.WAITING:
+                need = self._estimate_bytes(request)
+                if not self.cache.can_allocate(admitted_bytes + need, pending_entries=admitted):
+                    continue  # waits for memory; a later, smaller request may fit
+                admitted, admitted_bytes = admitted + 1, admitted_bytes + need
+                self.waiting.remove(request)
+                self._admit(request)
+                out.new_request_ids.append(request.request_id)
+            shape = request.shape_key
+            picked.append(request.request_id)
+            step_s += cost_s
+        if picked:
+            out.groups = [picked]
         return out
 
     def _schedule_requests(self) -> DiTSchedulerOutput:
@@ -147,11 +230,17 @@ class DiffusionScheduler:
     ) -> list[tuple[DiTRequest, object]]:
         """Advance step counters; return (request, result) for each request that finished."""
         finished = []
-        for group in scheduled.groups:
+        now = time.time()
+        for i, group in enumerate(scheduled.groups):
+            requests = [self.requests[rid] for rid in group if rid in self.requests]
+            if scheduled.mode == "step" and requests and i < len(output.step_seconds):
+                rows = sum(rows_of(r) for r in requests)
+                self.costs.observe(requests[0].shape_key, rows, output.step_seconds[i])
             for request_id in group:
                 request = self.requests.get(request_id)
                 if request is None:  # aborted while its step ran
                     continue
+                request.last_advanced_step = self.engine_step
                 if scheduled.mode == "step":
                     request.num_steps_done += 1
                 if request_id in output.finished:
@@ -160,5 +249,7 @@ class DiffusionScheduler:
                     self.running.remove(request)
                     del self.requests[request_id]
                     self.cache.release(request_id)
+                    self.slo.finished(request, now)
                     finished.append((request, output.finished[request_id]))
+        self.engine_step += 1
         return finished

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from vllm_omni.config.stage_config import StageConfig
+from vllm_omni.diffusion.deadline import DeadlineUnreachable
 from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.engine.stage_process import start_stage_process
@@ -118,13 +119,22 @@ class DiTStage:
                 f"sampling_params.{self.name}: a DiT stage takes DiffusionSamplingParams, "
                 f"got {type(params).__name__}"
             )
+        if params.cache_threshold and self.config.scheduler != "step":
+            raise ValueError(
+                f"cache_threshold: residual caching needs step-level scheduling; stage "
+                f"{self.name!r} runs whole requests ({self.config.scheduler!r})"
+            )
         height, width = self.info["default_size"]
         multiple = self.info["size_multiple"]
+        deadline = params.deadline
+        if deadline is None and params.latency_slo_ms is not None:
+            deadline = time.time() + params.latency_slo_ms / 1000  # the SLO counts from here
         params = replace(
             params,
             height=params.height or height,
             width=params.width or width,
             seed=params.seed if params.seed is not None else random.randrange(2**63),
+            deadline=deadline,
         )
         for name in ("height", "width"):
             if getattr(params, name) % multiple:
@@ -242,9 +252,8 @@ class DiTStage:
                 return  # aborted meanwhile
             if kind == "failed":
                 error_type, text = payload
-                future.set_exception(
-                    (ValueError if error_type == "ValueError" else DiTStageError)(text)
-                )
+                errors = {"ValueError": ValueError, "DeadlineUnreachable": DeadlineUnreachable}
+                future.set_exception(errors.get(error_type, DiTStageError)(text))
             else:
                 future.set_result(payload)
 

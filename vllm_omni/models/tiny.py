@@ -125,6 +125,28 @@ def randomize_(model: torch.nn.Module, seed: int, out_gain: dict[str, float] | N
                 param.copy_(value.to(param.dtype))
 
 
+def smooth_time_embedding_(transformer, max_frequency: float) -> None:
+    """Damp a Qwen-Image transformer's timestep embedding's response to fast sinusoids: the
+    input weight of a sinusoid of frequency f (radians per unit of the 0-1 timestep the
+    transformer gets) is scaled by min(1, max_frequency / f).
+
+    A random first layer mixes every sinusoid equally, and the fastest turn by tens of radians
+    between neighbouring steps, so an untrained DiT's modulation (and every block's output)
+    jumps from step to step like no trained DiT's does. Trained time embeddings respond
+    smoothly to t; this gives a random one that property and nothing else."""
+    import math
+
+    import torch
+
+    linear = transformer.time_text_embed.timestep_embedder.linear_1
+    half = linear.in_features // 2
+    # diffusers' Timesteps: frequencies exp(-ln(10000) i / half), the timestep scaled by 1000
+    freqs = torch.exp(-math.log(10000) * torch.arange(half) / half) * 1000
+    gain = (max_frequency / freqs).clamp(max=1.0)
+    with torch.no_grad():
+        linear.weight.mul_(torch.cat([gain, gain])[None].to(linear.weight.dtype))
+
+
 # --------------------------------------------------------------------------- builders
 
 

@@ -63,6 +63,29 @@ class OmniServeCommand(ServeSubcommand):
             "stage graph's own setting (local)",
         )
         omni.add_argument(
+            "--dit-cache",
+            default=None,
+            metavar="THRESHOLD|JSON",
+            help="first-block residual caching in the graph's DiT stages: a threshold (e.g. "
+            "0.2) or a JSON object of ResidualCacheConfig fields (threshold, warmup_steps, "
+            "final_steps, max_consecutive). Off by default; requests may still set "
+            "cache_threshold (docs/omni.md, 'Residual caching')",
+        )
+        omni.add_argument(
+            "--dit-scheduling-policy",
+            choices=("fcfs", "deadline"),
+            default=None,
+            help="how DiT stages pick requests at each denoising step: fcfs (arrival order, all "
+            "running requests advance) or deadline (least slack first by each request's "
+            "latency_slo_ms, one image size per step, starvation guard)",
+        )
+        omni.add_argument(
+            "--dit-admission-control",
+            action="store_true",
+            help="with --dit-scheduling-policy deadline: refuse (HTTP 429) a request whose "
+            "latency_slo_ms cannot be met given the work queued ahead of it",
+        )
+        omni.add_argument(
             "--max-image-pixels",
             type=int,
             default=DEFAULT_MAX_PIXELS,
@@ -93,6 +116,17 @@ def serve_stage_graph(args: argparse.Namespace) -> None:
     run_server(server_config(args), args.host, args.port, args.uvicorn_log_level)
 
 
+def _residual_cache(value: str | None) -> dict | None:
+    if value is None:
+        return None
+    from vllm_omni.diffusion.residual_cache import ResidualCacheConfig
+
+    try:
+        return dict(ResidualCacheConfig.parse(value).__dict__)
+    except ValueError as e:
+        raise SystemExit(f"vllm-omni serve: error: --dit-cache: {e}") from None
+
+
 def server_config(args: argparse.Namespace):
     """The omni server's config from vLLM-style serve args; vLLM flags that make sense for
     the graph's AR stages are passed on to them as stage overrides."""
@@ -104,9 +138,20 @@ def server_config(args: argparse.Namespace):
     except ValueError as e:
         raise SystemExit(f"vllm-omni serve: error: {e}") from None
     overrides = {}
+    residual_cache = _residual_cache(args.dit_cache)
     for stage in graph.stages:
         if args.stage_backend is not None:
             overrides[stage.name] = {"backend": args.stage_backend}
+        if stage.executor == "diffusers":
+            dit = {}
+            if residual_cache is not None:
+                dit["residual_cache"] = residual_cache
+            if args.dit_scheduling_policy is not None:
+                dit["scheduling_policy"] = args.dit_scheduling_policy
+            if args.dit_admission_control:
+                dit["admission_control"] = True
+            if dit:
+                overrides.setdefault(stage.name, {})["dit"] = dit
         if stage.engine_type != "AR":
             continue
         engine_args: dict = {}

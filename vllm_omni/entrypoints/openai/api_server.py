@@ -29,6 +29,7 @@ from prometheus_client import REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm_omni.config.model_defaults import resolve_stage_graph
+from vllm_omni.diffusion.deadline import DeadlineUnreachable
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.engine.omni_engine import StageEvent
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM, RequestFinished
@@ -194,6 +195,10 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
         except asyncio.CancelledError:  # the server cancelled the handler (client gone)
             metrics.requests.labels(endpoint, "cancelled").inc()
             raise
+        except DeadlineUnreachable as e:  # admission control: come back later
+            metrics.requests.labels(endpoint, "overloaded").inc()
+            body = error_body(str(e), "latency_slo_ms", kind="rate_limit_exceeded", code=429)
+            return None, JSONResponse(body, 429)
         except ValueError as e:
             metrics.requests.labels(endpoint, "rejected").inc()
             return None, _bad_request(str(e), _field_of(str(e)))
@@ -397,6 +402,10 @@ def _diffusion_params(
         kwargs["num_inference_steps"] = body.num_inference_steps
     if body.true_cfg_scale is not None:
         kwargs["true_cfg_scale"] = body.true_cfg_scale
+    if body.cache_threshold is not None:
+        kwargs["cache_threshold"] = body.cache_threshold
+    if body.latency_slo_ms is not None:
+        kwargs["latency_slo_ms"] = body.latency_slo_ms
     if body.seed is None:
         seeds = [None] * body.n
     else:  # wrapping, so that every seed the schema allows works with every n

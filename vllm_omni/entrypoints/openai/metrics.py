@@ -53,6 +53,26 @@ class OmniMetrics:
         self.cache_bytes = Gauge(
             "vllm_omni:dit_cache_bytes", "Bytes held by the DiT cache", labels, registry=r
         )
+        self.residual_rows = Gauge(
+            "vllm_omni:dit_residual_cache_row_steps",
+            "Denoising row-steps of a DiT stage since start, by whether the residual cache "
+            "served them (cached) or every block ran (computed)",
+            ["stage", "outcome"],
+            registry=r,
+        )
+        self.slo_requests = Gauge(
+            "vllm_omni:dit_slo_requests",
+            "Requests with a latency SLO that a DiT stage finished in time (met), late "
+            "(missed), or refused at admission (rejected), since start",
+            ["stage", "outcome"],
+            registry=r,
+        )
+        self.slack = Gauge(
+            "vllm_omni:dit_slo_slack_seconds",
+            "Median slack (deadline minus finish time) of a DiT stage's last 256 SLO requests",
+            labels,
+            registry=r,
+        )
         self.kv_usage = Gauge(
             "vllm_omni:kv_cache_usage_perc",
             "KV cache usage of an AR stage (0-1)",
@@ -72,5 +92,12 @@ class OmniMetrics:
             if "cache_entries" in s:
                 self.cache_entries.labels(stage).set(s["cache_entries"])
                 self.cache_bytes.labels(stage).set(s["cache_bytes"])
+            if "residual_cached_rows" in s:
+                self.residual_rows.labels(stage, "cached").set(s["residual_cached_rows"])
+                self.residual_rows.labels(stage, "computed").set(s["residual_computed_rows"])
+            if "slo_met" in s:
+                for outcome in ("met", "missed", "rejected"):
+                    self.slo_requests.labels(stage, outcome).set(s[f"slo_{outcome}"])
+                self.slack.labels(stage).set(s["slo_slack_p50_s"])
             if "kv_cache_usage" in s:
                 self.kv_usage.labels(stage).set(s["kv_cache_usage"])

@@ -75,6 +75,22 @@ class ImageOptions(BaseModel):
     num_inference_steps: int | None = Field(None, ge=1, le=1000)
     negative_prompt: str | None = None
     true_cfg_scale: float | None = Field(None, ge=0, allow_inf_nan=False)
+    cache_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="First-block residual caching threshold for this request (0: off; "
+        "default: the server's --dit-cache)",
+    )
+    latency_slo_ms: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Latency target: with --dit-scheduling-policy deadline the DiT stage "
+        "serves the least slack first; with --dit-admission-control a request that cannot "
+        "meet it is refused with 429",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -107,7 +123,8 @@ class ImageOptions(BaseModel):
 
 class ImageGenerationRequest(ImageOptions):
     """POST /v1/images/generations: OpenAI's fields, plus `seed`, `num_inference_steps`,
-    `negative_prompt` and `true_cfg_scale` (send them with the client's `extra_body`)."""
+    `negative_prompt`, `true_cfg_scale`, `cache_threshold` and `latency_slo_ms` (send them with
+    the client's `extra_body`)."""
 
     prompt: str = Field(json_schema_extra=_on_string(minLength=1, pattern=NON_BLANK_PATTERN))
     response_format: Literal["b64_json"] = "b64_json"

@@ -1,0 +1,201 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Deadline-aware DiT scheduling vs first-come-first-served on the omni image server.
+
+    .venv/bin/python benchmarks/dit_sched.py --json out/dit_sched.json
+
+A seeded mixed trace is replayed, open loop (each request sent at its arrival time, whatever
+the server is doing), against `vllm-omni serve <tiny Qwen-Image>` started once per policy:
+`--dit-scheduling-policy fcfs` (the default: admission in arrival order, every running
+request advances each step) and `--dit-scheduling-policy deadline` (least slack first, one
+image size per step). Both servers get the same trace; `--orders 2` runs them in both orders.
+
+Trace (`--requests`, Poisson arrivals at `--rate` per second): 75% small images (64x64, 4-8 steps)
+and 25% large ones (192x192, 20-30 steps). Each request's latency SLO is `--slo-x` times its
+class's unloaded latency (measured on the server before the trace, one request at a time, on the
+first server; every run uses the same SLOs), sent as `latency_slo_ms`. Reported per policy: SLO
+attainment (finished within the SLO), goodput (such requests per second of trace), P50/P99 latency
+of each class, the largest latency (starvation: every request must finish), and errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_load import percentile, start_server  # noqa: E402
+
+from vllm_omni.models.tiny import build_tiny_models, default_models_dir  # noqa: E402
+
+POLICIES = ("fcfs", "deadline")
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int
+    arrival_s: float
+    kind: str  # "small" or "large"
+    size: int
+    steps: int
+
+
+def make_trace(n: int, rate: float, seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    t, jobs = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        if rng.random() < 0.75:
+            jobs.append(Job(i, t, "small", 64, rng.randint(4, 8)))
+        else:
+            jobs.append(Job(i, t, "large", 192, rng.randint(20, 30)))
+    return jobs
+
+
+def one_image(client: openai.OpenAI, job: Job, slo_ms: float | None) -> None:
+    extra: dict[str, Any] = {"seed": job.index, "num_inference_steps": job.steps}
+    if slo_ms is not None:
+        extra["latency_slo_ms"] = slo_ms
+    client.images.generate(
+        prompt=f"picture {job.index}", size=f"{job.size}x{job.size}", extra_body=extra
+    )
+
+
+def unloaded_ms(client: openai.OpenAI, job: Job, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        one_image(client, job, None)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def replay(client: openai.OpenAI, trace: list[Job], slo_ms: dict[str, float]) -> dict:
+    """Send each job at its arrival time (a thread per request); latencies in seconds."""
+    results: dict[int, tuple[float, str | None]] = {}
+
+    def send(job: Job, start: float) -> None:
+        sent = time.perf_counter()
+        try:
+            one_image(client, job, slo_ms[job.kind])
+            results[job.index] = (time.perf_counter() - sent, None)
+        except openai.APIError as e:
+            results[job.index] = (time.perf_counter() - sent, type(e).__name__)
+
+    threads, start = [], time.perf_counter()
+    for job in trace:
+        time.sleep(max(0.0, start + job.arrival_s - time.perf_counter()))
+        thread = threading.Thread(target=send, args=(job, start))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    span = time.perf_counter() - start
+    return summarize(trace, results, slo_ms, span)
+
+
+def summarize(trace, results, slo_ms, span) -> dict:
+    met = [j for j in trace if results[j.index][1] is None and
+           results[j.index][0] * 1000 <= slo_ms[j.kind]]  # fmt: skip
+    out: dict[str, Any] = {
+        "requests": len(trace),
+        "errors": sum(1 for r in results.values() if r[1] is not None),
+        "slo_attainment": len(met) / len(trace),
+        "goodput_rps": len(met) / span,
+        "span_s": span,
+        "max_latency_s": max(r[0] for r in results.values()),
+    }
+    for kind in ("small", "large"):
+        lat = [results[j.index][0] for j in trace if j.kind == kind]
+        out[kind] = {
+            "n": len(lat),
+            "p50_s": percentile(lat, 50),
+            "p99_s": percentile(lat, 99),
+            "slo_attainment": sum(1 for j in met if j.kind == kind) / max(1, len(lat)),
+        }
+    return out
+
+
+def run_policy(model: str, policy: str, trace: list[Job], slo_x: float, slo_ms: dict) -> dict:
+    """Replay `trace` on a fresh server with `policy`. `slo_ms` empty: measure the unloaded
+    latencies here first and fill it in (every later run uses the same SLOs)."""
+    proc, url, log = start_server(model, ["--dit-scheduling-policy", policy])
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+        small, large = Job(10**6, 0, "small", 64, 6), Job(10**6, 0, "large", 192, 25)
+        one_image(client, small, None)  # warm-up
+        one_image(client, large, None)
+        if not slo_ms:
+            base = {"small": unloaded_ms(client, small, 5), "large": unloaded_ms(client, large)}
+            slo_ms.update({kind: slo_x * ms for kind, ms in base.items()})
+            slo_ms["unloaded"] = base
+        result = replay(client, trace, slo_ms)
+        result["slo_ms"] = dict(slo_ms)
+        return result
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=160)
+    parser.add_argument("--rate", type=float, default=3.5, help="arrivals per second")
+    parser.add_argument("--slo-x", type=float, default=3.0, help="SLO = x * unloaded latency")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--orders", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    model = str(build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"])
+    trace = make_trace(args.requests, args.rate, args.seed)
+    runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
+    orders = [POLICIES, POLICIES[::-1]][: args.orders]
+    slo_ms: dict = {}
+    for order in orders:
+        for policy in order:
+            runs[policy].append(run_policy(model, policy, trace, args.slo_x, slo_ms))
+            report(policy, runs[policy][-1])
+    ratios = {
+        "slo_attainment": _ratio(runs, lambda r: r["slo_attainment"]),
+        "small_p99": _ratio(runs, lambda r: r["small"]["p99_s"]),
+        "large_p99": _ratio(runs, lambda r: r["large"]["p99_s"]),
+    }
+    print(
+        f"\ndeadline / fcfs: SLO attainment {ratios['slo_attainment']:.2f}x, "
+        f"small P99 {ratios['small_p99']:.2f}x, large P99 {ratios['large_p99']:.2f}x"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        out = {"args": vars(args) | {"json": str(args.json)}, "runs": runs, "ratios": ratios}
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+def _ratio(runs: dict, metric) -> float:
+    """deadline over fcfs, geometric mean over the orders."""
+    values = [metric(d) / max(1e-9, metric(f)) for d, f in zip(runs["deadline"], runs["fcfs"])]
+    return statistics.geometric_mean(values) if all(v > 0 for v in values) else 0.0
+
+
+def report(policy: str, r: dict) -> None:
+    print(
+        f"{policy:>9}: SLO attainment {r['slo_attainment']:.0%} "
+        f"(small {r['small']['slo_attainment']:.0%}, large {r['large']['slo_attainment']:.0%}), "
+        f"goodput {r['goodput_rps']:.2f} req/s, small P50/P99 {r['small']['p50_s']:.2f}/"
+        f"{r['small']['p99_s']:.2f} s, large P50/P99 {r['large']['p50_s']:.2f}/"
+        f"{r['large']['p99_s']:.2f} s, max {r['max_latency_s']:.1f} s, errors {r['errors']}, "
+        f"SLO ms {r['slo_ms']['small']:.0f}/{r['slo_ms']['large']:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Deadline-aware step scheduling for the DiT stage: least slack first, one shape per step.
+
+A request with a latency SLO carries a deadline (wall-clock, set when it entered the omni
+engine). Its slack is the time left before the deadline minus the time its remaining steps
+need, priced by `StepCostModel` (measured seconds per row-step of each image shape). At every
+step boundary the scheduler advances the most urgent request and the requests of the same
+shape that come next in urgency order (one transformer call); the others keep their state in
+the DiT cache and wait (preemption at step boundaries, nothing recomputed). Urgency:
+
+1. starved requests (not advanced for `starvation_steps` engine steps), longest idle first;
+2. requests that can still meet their deadline but could not if a late request ran first,
+   least slack first (no SLO: infinite slack);
+3. late requests (they can no longer meet their deadline), least remaining work first: they
+   take the time that requests with more slack than their remaining work can spare, so they
+   finish as early as they can without making any request late that would have been on time;
+4. the remaining requests that can meet their deadline, least slack first.
+
+Admission control (optional) refuses, at arrival, a request that cannot finish in time even
+if it ran before every request with a later deadline (an EDF feasibility check).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from vllm_omni.diffusion.request import DiTRequest
+
+POLICIES = ("fcfs", "deadline")
+EMA = 0.3  # weight of the newest measurement of a shape's row-step cost
+
+
+class DeadlineUnreachable(Exception):
+    """Admission control refused a request whose deadline cannot be met (HTTP 429)."""
+
+
+def rows_of(request: DiTRequest) -> int:
+    """Transformer rows one step of `request` takes (two under classifier-free guidance)."""
+    return 2 if getattr(request.params, "do_cfg", False) else 1
+
+
+class StepCostModel:
+    """Seconds per row-step of each shape, from the measured wall time of batched steps. A
+    shape never measured is priced from measured ones by its pixel count (0 before any)."""
+
+    def __init__(self) -> None:
+        self.row_seconds: dict[tuple, float] = {}
+
+    def observe(self, shape: tuple, rows: int, seconds: float) -> None:
+        if rows <= 0 or seconds <= 0:
+            return
+        value = seconds / rows
+        old = self.row_seconds.get(shape)
+        self.row_seconds[shape] = value if old is None else (1 - EMA) * old + EMA * value
+
+    def row_step(self, shape: tuple) -> float:
+        if shape in self.row_seconds:
+            return self.row_seconds[shape]
+        known = [(s, v) for s, v in self.row_seconds.items() if _pixels(s)]
+        if not known or not _pixels(shape):
+            return 0.0
+        per_pixel = max(v / _pixels(s) for s, v in known)
+        return per_pixel * _pixels(shape)
+
+    def remaining_s(self, request: DiTRequest) -> float:
+        steps = request.num_steps - request.num_steps_done
+        return steps * rows_of(request) * self.row_step(request.shape_key)
+
+
+def _pixels(shape: tuple) -> int:
+    if len(shape) == 2 and all(isinstance(v, int) for v in shape):
+        return shape[0] * shape[1]
+    return 0
+
+
+@dataclass
+class SLOStats:
+    """Outcomes of requests with a deadline, for /metrics."""
+
+    met: int = 0
+    missed: int = 0
+    rejected: int = 0
+    recent_slack_s: deque = field(default_factory=lambda: deque(maxlen=256))
+
+    def finished(self, request: DiTRequest, now: float) -> None:
+        deadline = request.deadline
+        if deadline is None:
+            return
+        slack = deadline - now
+        self.recent_slack_s.append(slack)
+        if slack >= 0:
+            self.met += 1
+        else:
+            self.missed += 1
+
+    def as_dict(self) -> dict[str, float]:
+        slack = statistics.median(self.recent_slack_s) if self.recent_slack_s else 0.0
+        return {
+            "slo_met": self.met,
+            "slo_missed": self.missed,
+            "slo_rejected": self.rejected,
+            "slo_slack_p50_s": slack,
+        }
+
+
+class DeadlinePolicy:
+    def __init__(self, costs: StepCostModel, starvation_steps: int) -> None:
+        self.costs = costs
+        self.starvation_steps = starvation_steps
+
+    def slack(self, request: DiTRequest, now: float) -> float:
+        if request.deadline is None:
+            return math.inf
+        return request.deadline - now - self.costs.remaining_s(request)
+
+    def order(self, requests: list[DiTRequest], now: float, engine_step: int) -> list:
+        """Most urgent first (see the module docstring)."""
+        slack = {r.request_id: self.slack(r, now) for r in requests}
+        late = [r for r in requests if slack[r.request_id] < 0]
+        # The late request that would run next needs this long; a request with more slack
+        # than that can let it finish first and still make its own deadline.
+        gap = min((self.costs.remaining_s(r) for r in late), default=math.inf)
+
+        def urgency(r: DiTRequest) -> tuple:
+            idle = engine_step - r.last_advanced_step
+            s = slack[r.request_id]
+            if idle > self.starvation_steps:
+                return (0, -idle, r.arrival)
+            if 0 <= s < gap:
+                return (1, s, r.arrival)
+            if s < 0:
+                return (2, self.costs.remaining_s(r), r.arrival)
+            return (3, s, r.arrival)
+
+        return sorted(requests, key=urgency)
+
+    def admissible(self, request: DiTRequest, others: list[DiTRequest], now: float) -> bool:
+        """EDF check: the work of every request due no later than `request`, then its own,
+        done back to back from now, ends by its deadline."""
+        if request.deadline is None:
+            return True
+        ahead = sum(
+            self.costs.remaining_s(r)
+            for r in others
+            if r.deadline is not None and r.deadline <= request.deadline
+        )
+        return now + ahead + self.costs.remaining_s(request) <= request.deadline
