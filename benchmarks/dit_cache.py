@@ -53,7 +53,7 @@ COMPUTE_DIT = dict(
 )
 TIME_MAX_FREQUENCY = 3.0  # radians per unit of t: ~0.15 rad between neighbouring steps at 20
 DEFAULT = ResidualCacheConfig()
-THRESHOLDS = (0.12, DEFAULT.threshold, 0.36)
+THRESHOLDS = [0.12, DEFAULT.threshold, 0.36]  # --thresholds replaces it
 PSNR_CAP = 100.0  # identical images: reported as 100 dB
 SUBJECTS = ("a red cat", "a lighthouse at dusk", "two green apples", "a rainy city street")
 SUBJECTS += ("a mountain lake", "an old bicycle", "a bowl of ramen", "a snowy forest")
@@ -297,8 +297,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="requests in the batched run")
     parser.add_argument("--runs", type=int, default=2, help="batched runs (median)")
     parser.add_argument("--configs", nargs="+", default=[c.name for c in CONFIGS])
+    parser.add_argument(
+        "--thresholds", nargs="+", type=float, default=list(THRESHOLDS), help="the sweep"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    THRESHOLDS[:] = args.thresholds
     from diffusers import QwenImagePipeline
 
     tiny = build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"]

@@ -75,7 +75,7 @@ def _image(item) -> Image.Image:
 
 def _metric(server, name: str, **labels) -> float:
     text = requests.get(f"{server.url}/metrics", headers=server.headers, timeout=10).text
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # as prometheus writes them
     pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)"
     match = re.search(pattern, text, re.MULTILINE)
     return float(match.group(1)) if match else float("nan")
@@ -247,11 +247,11 @@ def test_unreachable_latency_slo_is_429_and_the_server_stays_up(server, client) 
     assert r.status_code == 429, r.text
     error = r.json()["error"]
     assert error["param"] == "latency_slo_ms" and error["type"] == "rate_limit_exceeded"
-    assert _metric(server, "vllm_omni:dit_slo_requests", stage="dit", outcome="rejected") >= 1
-    met = _metric(server, "vllm_omni:dit_slo_requests", stage="dit", outcome="met")
+    assert _metric(server, "vllm_omni:dit_slo_requests", outcome="rejected", stage="dit") >= 1
+    met = _metric(server, "vllm_omni:dit_slo_requests", outcome="met", stage="dit")
     reachable = {"seed": 2, "latency_slo_ms": 60_000, **FAST}
     client.images.generate(prompt="x", size="128x128", extra_body=reachable)
-    assert _metric(server, "vllm_omni:dit_slo_requests", stage="dit", outcome="met") == met + 1
+    assert _metric(server, "vllm_omni:dit_slo_requests", outcome="met", stage="dit") == met + 1
 
 
 def test_chat_completions_return_the_image(client) -> None:
