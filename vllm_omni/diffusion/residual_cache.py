@@ -22,7 +22,7 @@ DiTCacheManager entry: finishing or aborting the request frees it with everythin
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -73,12 +73,13 @@ class ResidualCacheConfig:
     def parse(cls, text: str) -> ResidualCacheConfig:
         """The CLI's `--dit-cache` value: a threshold (`0.12`) or a JSON object of fields."""
         try:
-            return cls(threshold=float(text))
-        except ValueError as e:
-            if not text.lstrip().startswith("{"):
-                if "threshold" in str(e):
-                    raise
-                raise ValueError(f"expected a threshold or a JSON object, got {text!r}") from None
+            threshold = float(text)
+        except ValueError:
+            threshold = None
+        if threshold is not None:
+            return cls(threshold=threshold)
+        if not text.lstrip().startswith("{"):
+            raise ValueError(f"expected a threshold or a JSON object, got {text!r}")
         try:
             values = json.loads(text)
         except json.JSONDecodeError as e:
@@ -89,11 +90,7 @@ class ResidualCacheConfig:
 
     def with_threshold(self, threshold: float | None) -> ResidualCacheConfig:
         """This policy with a request's own threshold (None keeps the stage's)."""
-        if threshold is None:
-            return self
-        return ResidualCacheConfig(
-            threshold, self.warmup_steps, self.final_steps, self.max_consecutive
-        )
+        return self if threshold is None else replace(self, threshold=threshold)
 
 
 @dataclass
