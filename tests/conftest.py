@@ -32,10 +32,16 @@ def greedy_prompts() -> dict[str, list[list[int]]]:
 
 @pytest.fixture(scope="session")
 def greedy_reference(tiny_models, greedy_prompts) -> dict:
-    """Plain vLLM PP=1's greedy tokens for `greedy_prompts` (tests/greedy_reference.py)."""
-    from tests.greedy_reference import MAX_MODEL_LEN, run_engine
+    """Plain vLLM PP=1's greedy tokens on llama-8l for `greedy_prompts` and, under "text" and
+    "chat_prompt", for the text prompts (tests/greedy_reference.py): one engine for both."""
+    from tests.greedy_reference import REFERENCE_MAX_MODEL_LEN, run_engine, text_greedy
 
-    return run_engine(tiny_models["llama-8l"], greedy_prompts, max_model_len=MAX_MODEL_LEN)
+    return run_engine(
+        tiny_models["llama-8l"],
+        greedy_prompts,
+        text_greedy,
+        max_model_len=REFERENCE_MAX_MODEL_LEN,
+    )
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -2,7 +2,10 @@
 """Greedy tokens of plain vLLM at PP=1 on the tiny 8-layer Llama: the reference every CPP
 configuration must reproduce (tests/cpp/test_cpp_engine.py, tests/executor/test_cpu_ray.py).
 Float32 and eager, so that only the chunking differs (CPP cuts prompts at other places than
-vLLM's fixed chunks). Computed once per session (`greedy_reference` in tests/conftest.py)."""
+vLLM's fixed chunks). Computed once per session (`greedy_reference` in tests/conftest.py), in the
+same engine as the text prompts that tests/models/test_tiny.py compares with transformers: every
+vLLM engine start costs 30-50 s on two cores.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +16,23 @@ from typing import Any
 
 MAX_TOKENS = 8
 COMMON = dict(dtype="float32", enforce_eager=True, seed=0)
-# Up to 16K: CPP's chunks already shrink with the context there, and a 32K float32 prompt cost
-# four times as long (attention grows with the square of the length) for the same check.
-LONG_LENGTHS = [1024, 4096 + 37, 16384 + 5]
-LENGTH_8K = 8192 + 11
-MAX_MODEL_LEN = 16384 + 64
+# Up to 8K: CPP's chunks already shrink with the context there (the PP=4 test checks the cut),
+# and 16K in float32 cost four times as long at PP=1 (attention grows with the square of the
+# length) for the same check.
+LONG_LENGTHS = [1024, 4096 + 37, 8192 + 11]
+MAX_MODEL_LEN = 8192 + 64
+REFERENCE_MAX_MODEL_LEN = 65536
+"""The reference engine's: llama-8l serves 64K-token contexts in the benchmarks, and
+tests/models/test_tiny.py checks through it that vLLM accepts that."""
+
+# Text prompts that vLLM must continue exactly as transformers does (tests/models/test_tiny.py).
+TEXT_PROMPTS = [
+    "The quick brown fox",
+    "Hello, my name is",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "1 2 3 4 5",
+]
+TEXT_NEW_TOKENS = 16
 
 
 def _random_ids(rng: random.Random, n: int) -> list[int]:
@@ -31,7 +46,6 @@ def make_prompts() -> dict[str, list[list[int]]]:
         "long": [_random_ids(rng, n) for n in LONG_LENGTHS],
         "prefix": [shared + _random_ids(rng, 500), shared + _random_ids(rng, 900)],
         "preempt": [_random_ids(rng, n) for n in (3000, 2800, 2600, 2400)],
-        "8k": [_random_ids(rng, LENGTH_8K)],
     }
 
 
@@ -41,6 +55,23 @@ def generate(llm, prompts: list[list[int]]) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def text_greedy(llm) -> dict[str, Any]:
+    """TEXT_PROMPTS' greedy continuations and how vLLM renders a one-message chat."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=TEXT_NEW_TOKENS, min_tokens=TEXT_NEW_TOKENS)
+    outputs = llm.generate(TEXT_PROMPTS, params, use_tqdm=False)
+    chat = llm.chat(
+        [{"role": "user", "content": "hi"}],
+        SamplingParams(temperature=0, max_tokens=1),
+        use_tqdm=False,
+    )
+    return {
+        "text": [list(o.outputs[0].token_ids) for o in outputs],
+        "chat_prompt": chat[0].prompt,
+    }
 
 
 def run_engine(

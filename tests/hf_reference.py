@@ -47,3 +47,14 @@ def greedy_with_gap(
             min_gap = min(min_gap, (top2[0] - top2[1]).item())
         tokens.append(out.sequences[0, len(prompt) :].tolist())
     return tokens, min_gap
+
+
+def text_greedy_with_gap(
+    path, prompts: list[str], new_tokens: int
+) -> tuple[list[list[int]], float]:
+    """`greedy_with_gap` on text prompts, for the model and tokenizer in folder `path`, float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return greedy_with_gap(model, [tok(p).input_ids for p in prompts], new_tokens)

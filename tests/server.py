@@ -70,3 +70,16 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+def greedy_token_ids(client, model: str, prompt, num_tokens: int) -> list[int]:
+    """Exactly `num_tokens` greedy tokens for `prompt` (text or token ids) from an OpenAI
+    completions endpoint (vLLM's `min_tokens` and `return_token_ids` extensions)."""
+    completion = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=num_tokens,
+        temperature=0.0,
+        extra_body={"min_tokens": num_tokens, "return_token_ids": True},
+    )
+    return list(getattr(completion.choices[0], "token_ids"))

@@ -2,12 +2,11 @@
 """Online calibration: the CPP scheduler fits its cost model to the steps it runs.
 
 Unit tests feed synthetic step times from a known "true" model (this machine's float32
-calibration, docs/cpp.md) to `OnlineCostModel`; the engine test runs a real CPP engine from an
-empty calibration cache and checks that the fit reaches the scheduler, /metrics and the cache.
+calibration, docs/cpp.md) to `OnlineCostModel`. A real CPP engine fitting from an empty
+calibration cache (the fit reaching the scheduler, /metrics and the cache):
+tests/cpp/test_cpp_engine.py.
 """
 
-import gc
-import json
 import random
 from types import SimpleNamespace
 
@@ -136,48 +135,3 @@ def test_one_long_prompt_teaches_the_plan_of_the_offline_calibration(prompt_len)
     learned, offline = plan(status.model), plan(TRUE)
     ratio = makespan(learned, TRUE) / makespan(offline, TRUE)
     assert ratio <= 1.02, (len(learned), len(offline), ratio)
-
-
-@pytest.mark.engine
-def test_cpp_engine_fits_its_cost_model_online_and_caches_it(tiny_models, tmp_path, monkeypatch):
-    """A real CPP engine from an empty cache: the last rank's step times reach the
-    scheduler through vLLM's multiprocessing executor, the fit is adopted, shown on /metrics
-    and saved where the next engine looks. (That tokens stay those of plain vLLM while the
-    scheduler explores and re-plans: test_cpp_engine.py, whose engines fit online too.)"""
-    from prometheus_client import REGISTRY, generate_latest
-    from vllm import LLM, SamplingParams
-
-    from vllm_omni.cpp import cpp_engine_args
-    from vllm_omni.cpp.cost_model_source import CACHE_ENV, calibration_dir
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # this test's own, empty
-
-    args = cpp_engine_args(
-        pipeline_parallel_size=2, max_model_len=8192, enable_prefix_caching=False
-    )
-    llm = LLM(model=str(tiny_models["llama-8l"]), dtype="float32", enforce_eager=True, **args)
-    rng = random.Random(4)
-    params = SamplingParams(temperature=0.0, max_tokens=2)
-    try:
-        info = 'vllm_omni:cpp_cost_model_info{source="analytic",unit="flop"} 1.0'
-        assert info in generate_latest(REGISTRY).decode()
-        for _ in range(4):  # ~8 steps each under the analytic plan
-            prompt = {"prompt_token_ids": [rng.randrange(3, 2000) for _ in range(4000)]}
-            llm.generate([prompt], params, use_tqdm=False)
-        for _ in range(20):  # the fit runs on a thread; the next steps adopt it
-            llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
-            metrics = generate_latest(REGISTRY).decode()
-            if 'source="online"' in metrics:
-                break
-        assert 'vllm_omni:cpp_cost_model_info{source="online",unit="s"} 1.0' in metrics
-        assert "vllm_omni:cpp_cost_model_fit_relative_rmse" in metrics
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
-    saved = list(calibration_dir().glob("*.json"))
-    assert len(saved) == 1
-    data = json.loads(saved[0].read_text())
-    assert data["unit"] == "s" and data["fit"]["source"] == "online"
-    assert data["fit"]["num_steps"] >= online_fit.MIN_FIT_STEPS
-    assert data["fit"]["rel_rmse"] < online_fit.MAX_ADOPT_RMSE

@@ -4,7 +4,6 @@ load and run what it writes."""
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import time
@@ -16,16 +15,11 @@ import torch
 from vllm_omni.models import tiny
 from vllm_omni.models import tiny_tokenizer as tt
 
-from ..hf_reference import MIN_LOGIT_GAP, greedy_with_gap, one_thread
+from ..greedy_reference import TEXT_NEW_TOKENS as NEW_TOKENS
+from ..greedy_reference import TEXT_PROMPTS as PROMPTS
+from ..hf_reference import MIN_LOGIT_GAP, one_thread, text_greedy_with_gap
 
 LMS = ["llama-8l", "qwen2-2l"]
-PROMPTS = [
-    "The quick brown fox",
-    "Hello, my name is",
-    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-    "1 2 3 4 5",
-]
-NEW_TOKENS = 16
 
 
 def _file_digests(folder: Path) -> dict[str, str]:
@@ -122,18 +116,10 @@ def test_lm_config_validation() -> None:
 # --------------------------------------------------------------------------- LMs
 
 
-def _hf_greedy(path: Path) -> tuple[list[list[int]], float]:
-    """Greedy continuations in float32 with transformers, and the smallest top-1/top-2 gap."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return greedy_with_gap(model, [tok(p).input_ids for p in PROMPTS], NEW_TOKENS)
-
-
 @pytest.fixture(scope="module")
 def hf_greedy(tiny_models: dict[str, Path]) -> dict[str, tuple[list[list[int]], float]]:
-    return {name: _hf_greedy(tiny_models[name]) for name in LMS}
+    """Greedy continuations in float32 with transformers, and the smallest top-1/top-2 gap."""
+    return {name: text_greedy_with_gap(tiny_models[name], PROMPTS, NEW_TOKENS) for name in LMS}
 
 
 @pytest.mark.parametrize("name", LMS)
@@ -154,48 +140,18 @@ def test_lm_transformers_greedy(
     assert len({tuple(ids) for ids in outputs}) == len(PROMPTS)  # depends on the prompt
 
 
-@pytest.fixture(scope="module", params=LMS)
-def vllm_lm(request: pytest.FixtureRequest, tiny_models: dict[str, Path]):
-    """One vLLM engine at a time (2 cores, 24 GiB), float32 like the reference."""
-    from vllm import LLM
-
-    name = request.param
-    # llama-8l serves 64K-token contexts in the benchmarks: check that vLLM accepts it.
-    max_model_len = 65536 if name == "llama-8l" else 2048
-    llm = LLM(
-        model=str(tiny_models[name]),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=max_model_len,
-        seed=0,
-    )
-    yield name, llm
-    # Stop the engine-core process now: pytest still holds the yielded value during teardown,
-    # so dropping our reference alone would keep it running until after the next engine starts.
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-
-
 @pytest.mark.engine
 def test_vllm_matches_transformers(
-    vllm_lm, hf_greedy: dict[str, tuple[list[list[int]], float]]
+    greedy_reference: dict, hf_greedy: dict[str, tuple[list[list[int]], float]]
 ) -> None:
-    from vllm import SamplingParams
-
-    name, llm = vllm_lm
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
-    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    got = [list(o.outputs[0].token_ids) for o in outputs]
-    assert got == hf_greedy[name][0]
-
+    """llama-8l through the session's PP=1 reference engine (tests/conftest.py), float32 and
+    with max_model_len 64K; qwen2-2l is checked the same way through `vllm serve --omni`
+    (tests/entrypoints/test_cli.py)."""
+    assert greedy_reference["text"] == hf_greedy["llama-8l"][0]
     # vLLM renders chats with the tokenizer's ChatML template.
-    chat = llm.chat(
-        [{"role": "user", "content": "hi"}],
-        SamplingParams(temperature=0, max_tokens=1),
-        use_tqdm=False,
+    assert greedy_reference["chat_prompt"] == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert chat[0].prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
 # --------------------------------------------------------------------------- Qwen-Image

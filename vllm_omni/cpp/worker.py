@@ -16,7 +16,7 @@ The last PP rank also hands its records to the scheduler, for online calibration
 (`vllm_omni.cpp.online_fit`): as the attribute `STEP_TIMES_ATTR` of the ModelRunnerOutput it
 returns, (chunks, seconds) per forward since its previous output. vLLM sends that output to the
 engine core whole (pickled by the multiprocessing executor, as is in-process), so the attribute
-arrives with it; `tests/cpp/test_online_fit.py` checks this end to end.
+arrives with it; `tests/cpp/test_cpp_engine.py` checks this end to end.
 
 Only the runner's forward is timed, not the receive of the previous stage's activations, so the
 records are busy time. On CPU the PP receive completes before the runner starts; on CUDA the

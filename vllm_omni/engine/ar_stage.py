@@ -26,9 +26,10 @@ from vllm_omni.logger import init_logger
 logger = init_logger(__name__)
 
 ENGINE_SHUTDOWN_TIMEOUT_S = 30.0
-"""How long the engine core may take to exit before vLLM kills it. vLLM's default, 5 s, is
-about what its worker process alone takes to exit on a 2-core CPU (the interpreter's last
-garbage collections), so the core was killed before it unlinked its shared-memory queue."""
+"""How long the engine core may take to exit before vLLM kills it. vLLM's default, 5 s, was about
+what its worker process alone took to exit on a 2-core CPU (the interpreter's last garbage
+collections, which vllm_omni.platform.process_exit now skips: 3 s), and a core killed before it
+unlinks its shared-memory queue leaks it; this is the ceiling, not the usual time."""
 
 
 class ARStage:
@@ -44,6 +45,7 @@ class ARStage:
         self.busy = BusyTracker()
         self.num_finished = 0
         self._scheduler_stats = None  # vLLM's SchedulerStats after the engine's last step
+        self._output_stopped = False
 
     @property
     def name(self) -> str:
@@ -204,13 +206,20 @@ class ARStage:
             )
         return out
 
+    def stop_output_handler(self) -> None:
+        """Stop the engine's output handler, which would report the core's exit as an engine
+        failure. On the engine's event loop, so that nothing runs between this and shutdown."""
+        handler = getattr(self.engine, "output_handler", None)
+        if handler is not None:
+            handler.cancel()
+        self._output_stopped = True
+
     def shutdown(self) -> None:
+        """Blocking, up to ENGINE_SHUTDOWN_TIMEOUT_S. On the engine's loop, or on another thread
+        after `stop_output_handler` ran on the loop (OmniEngine.shutdown)."""
         if self.engine is not None:
-            # Stop the output handler before the core goes, or it reports the core's exit as
-            # an engine failure. Called on the engine's event loop, so nothing runs between.
-            handler = getattr(self.engine, "output_handler", None)
-            if handler is not None:
-                handler.cancel()
+            if not self._output_stopped:
+                self.stop_output_handler()
             self.engine.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
             self.engine = None
 
