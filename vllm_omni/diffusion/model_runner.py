@@ -55,11 +55,13 @@ class DiffusionModelRunner:
         self.decodes = decodes
         self.num_channels_latents = pipe.transformer.config.in_channels // 4
         self.residual_cache = residual_cache
+        wanted = residual_cache is not None and residual_cache.enabled
+        # On a transformer it does not know, the constructor raises, naming the setting.
         self.cached_forward = (
-            FirstBlockCachedForward(pipe.transformer) if supports(pipe.transformer) else None
+            FirstBlockCachedForward(pipe.transformer)
+            if wanted or supports(pipe.transformer)
+            else None
         )
-        if residual_cache is not None and residual_cache.enabled and self.cached_forward is None:
-            FirstBlockCachedForward(pipe.transformer)  # raises, naming the setting
 
     def latent_grid(self, height: int, width: int) -> tuple[int, int, int]:
         f = self.decoder.size_multiple
