@@ -59,6 +59,28 @@ def _fresh_cpp_cache(tmp_path_factory) -> Iterator[None]:
         os.environ[CACHE_ENV] = before
 
 
+KV_CACHE_GIB = "1"
+"""Every engine's KV cache in the tests (vLLM's `VLLM_CPU_KVCACHE_SPACE`, in GiB), unless the
+environment sets one. The plugin's CPU default is up to 4 GiB per worker (3 GiB for one worker
+here), and vLLM zeroes the whole cache at start-up, 1-3 s per GiB on this 2-core VM: the
+Qwen2.5-Omni graph (thinker and talker) started in 51 s instead of 63 s, and with the hand-off
+server's test, two paired runs took 129 and 130 s instead of 149 and 132 s. 1 GiB holds 131K
+tokens of the tiny Llama, twice the longest context a test uses; the defaults themselves are
+unit-tested (tests/platform/test_cpu_defaults.py) and `make demo` runs with them."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _small_kv_caches() -> Iterator[None]:
+    # Set before any engine starts: servers and Ray nodes started by the tests inherit it.
+    # It wins over `kv_cache_memory_bytes` (vLLM's rule), so a test that sizes its cache
+    # itself unsets it (tests/cpp/test_cpp_engine.py's preemption test).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(
+            "VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+        )
+        yield
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[str]:
     """A local Ray cluster of two fake nodes on loopback, each with one CPU and one `vllm_cpu`

@@ -97,8 +97,10 @@ def test_cpp_pp2_no_prefix_cache_fits_online_and_matches_plain_pp1(
     assert data["fit"]["rel_rmse"] < online_fit.MAX_ADOPT_RMSE
 
 
-def test_cpp_under_preemption_matches_plain(tiny_models, prompts, reference):
+def test_cpp_under_preemption_matches_plain(tiny_models, prompts, reference, monkeypatch):
     # Room for ~5K tokens per stage while four ~3K-token prompts run at once: vLLM preempts.
+    # (The tests' VLLM_CPU_KVCACHE_SPACE would override this size: tests/conftest.py.)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
     args = cpp_engine_args(
         {"num_steps": 6},
         pipeline_parallel_size=2,

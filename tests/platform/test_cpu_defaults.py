@@ -55,12 +55,12 @@ def small_machine(monkeypatch):
     for var in (
         "VLLM_CPU_OMP_THREADS_BIND",
         "VLLM_CPU_SIM_MULTI_NUMA",
+        cpu_defaults.WRITTEN_BIND_ENV,
         *cpu_defaults.MALLOC_DEFAULTS,
     ):
         monkeypatch.setenv(var, "")  # so that monkeypatch restores the real state afterwards
         monkeypatch.delenv(var)
     monkeypatch.setattr(cpu_defaults.os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(cpu_defaults, "_written_binding", None)
     monkeypatch.setattr(cpu_resource_utils, "get_visible_memory_node", lambda: [0])
     monkeypatch.setattr(
         cpu_resource_utils,
@@ -101,6 +101,35 @@ def test_own_binding_is_replaced_for_a_later_engine(small_machine):
     # A PP=1 engine afterwards in the same process gets vLLM's own default back.
     cpu_defaults.apply_cpu_defaults(_config(world_size=1))
     assert "VLLM_CPU_OMP_THREADS_BIND" not in cpu_defaults.os.environ
+
+
+def test_inherited_own_binding_is_replaced_in_a_child_process(small_machine):
+    import subprocess
+    import sys
+
+    cpu_defaults.apply_cpu_defaults(_config(world_size=2))
+    # A process started now (a `vllm serve -pp 4` from a script that ran a PP=2 engine) inherits
+    # the binding and must plan its own for four ranks on its (real) machine.
+    child = (
+        "import os; from types import SimpleNamespace as N;"
+        "from vllm.utils.cpu_resource_utils import get_visible_memory_node;"
+        "from vllm_omni.platform import cpu_defaults as c;"
+        "c.apply_cpu_defaults(N(parallel_config=N(local_world_size=4,"
+        " distributed_executor_backend='mp'), cache_config=N(kv_cache_memory_bytes=1)));"
+        "plan = c.plan_thread_binding(sorted(os.sched_getaffinity(0)),"
+        " len(get_visible_memory_node()), 4);"
+        "print(os.environ.get(c.BIND_ENV, '-'), plan or '-')"
+    )
+    env = {**cpu_defaults.os.environ, "VLLM_PLUGINS": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", child], env=env, capture_output=True, text=True, check=True
+    )
+    got, planned = out.stdout.split()[-2:]
+    assert got == planned != "0|1"
+    # A value the user sets afterwards is theirs, even in the same process.
+    cpu_defaults.os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "1|0"
+    cpu_defaults.apply_cpu_defaults(_config(world_size=2))
+    assert cpu_defaults.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1|0"
 
 
 def test_ray_on_cpu_runs_through_the_cpu_ray_executor(small_machine):

@@ -91,21 +91,22 @@ def malloc_env_defaults(environ: dict[str, str]) -> dict[str, str]:
 
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-# The binding this process wrote itself: a later engine in the same process (say PP=1 after PP=2)
-# must not mistake it for the user's setting.
-_written_binding: str | None = None
+# The binding the plugin wrote, beside it in the environment: a later engine must not mistake it
+# for the user's setting, whether it starts in this process (PP=1 after PP=2) or in a process
+# started from here, which inherits both (a `vllm serve -pp 4` launched by a script that ran a
+# PP=2 engine failed: "Given number of CPU id list ['0', '1'] doesn't match local world size 4").
+WRITTEN_BIND_ENV = "VLLM_OMNI_WRITTEN_CPU_OMP_THREADS_BIND"
 
 
 def _user_set_binding() -> bool:
     if "VLLM_CPU_SIM_MULTI_NUMA" in os.environ:
         return True
-    return BIND_ENV in os.environ and os.environ[BIND_ENV] != _written_binding
+    return BIND_ENV in os.environ and os.environ[BIND_ENV] != os.environ.get(WRITTEN_BIND_ENV)
 
 
 def apply_cpu_defaults(vllm_config: VllmConfig) -> None:
     """Fill in thread binding, KV cache size and malloc settings where the user set none, and
     run `distributed_executor_backend="ray"` through the CPU Ray executor (CPU platform only)."""
-    global _written_binding
     from vllm.utils.cpu_resource_utils import get_memory_node_info, get_visible_memory_node
 
     world_size = vllm_config.parallel_config.local_world_size
@@ -117,10 +118,10 @@ def apply_cpu_defaults(vllm_config: VllmConfig) -> None:
         # Read by the executor (engine-core process), which is spawned after this point.
         if binding is None:
             os.environ.pop(BIND_ENV, None)
+            os.environ.pop(WRITTEN_BIND_ENV, None)
         else:
-            os.environ[BIND_ENV] = binding
+            os.environ[BIND_ENV] = os.environ[WRITTEN_BIND_ENV] = binding
             logger.info("vllm_omni: %s=%r for %d local ranks", BIND_ENV, binding, world_size)
-        _written_binding = binding
 
     parallel_config = vllm_config.parallel_config
     if parallel_config.distributed_executor_backend == "ray":
