@@ -9,12 +9,16 @@ the server is doing), against `vllm-omni serve <tiny Qwen-Image>` started once p
 request advances each step) and `--dit-scheduling-policy deadline` (least slack first, one
 image size per step). Both servers get the same trace; `--orders 2` runs them in both orders.
 
-Trace (`--requests`, Poisson arrivals at `--rate` per second): 75% small images (64x64, 4-8 steps)
-and 25% large ones (192x192, 20-30 steps). Each request's latency SLO is `--slo-x` times its
-class's unloaded latency (measured on the server before the trace, one request at a time, on the
-first server; every run uses the same SLOs), sent as `latency_slo_ms`. Reported per policy: SLO
-attainment (finished within the SLO), goodput (such requests per second of trace), P50/P99 latency
-of each class, the largest latency (starvation: every request must finish), and errors.
+Trace (`--requests`, Poisson arrivals): 75% small images (64x64, 4-8 steps) and 25% large ones
+(192x192, 20-30 steps). Each request's latency SLO is `--slo-x` times its class's unloaded latency
+(measured on the first server before the trace, one request at a time; every run uses the same
+SLOs), sent as `latency_slo_ms`. The arrival rate is `--load` times what the server finishes one
+request at a time (1 / the mean unloaded latency of the mix), so that the load is the same on a
+machine twice as fast (this VM's speed varies that much from day to day); `--rate` fixes it
+instead. Reported per policy: SLO attainment (finished within the SLO), goodput (such requests per
+second of trace), P50/P99 latency of each class, the largest latency (starvation: every request
+must finish), and errors; with `--repeats`, the median of each over the runs, and the ratios as
+geometric means over the pairs (the policies alternate: AB BA AB ...).
 """
 
 from __future__ import annotations
@@ -49,12 +53,15 @@ class Job:
     steps: int
 
 
+SMALL_SHARE = 0.75
+
+
 def make_trace(n: int, rate: float, seed: int) -> list[Job]:
     rng = random.Random(seed)
     t, jobs = 0.0, []
     for i in range(n):
         t += rng.expovariate(rate)
-        if rng.random() < 0.75:
+        if rng.random() < SMALL_SHARE:
             jobs.append(Job(i, t, "small", 64, rng.randint(4, 8)))
         else:
             jobs.append(Job(i, t, "large", 192, rng.randint(20, 30)))
@@ -125,21 +132,27 @@ def summarize(trace, results, slo_ms, span) -> dict:
     return out
 
 
-def run_policy(model: str, policy: str, trace: list[Job], slo_x: float, slo_ms: dict) -> dict:
-    """Replay `trace` on a fresh server with `policy`. `slo_ms` empty: measure the unloaded
-    latencies here first and fill it in (every later run uses the same SLOs)."""
+def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) -> dict:
+    """Replay the trace on a fresh server with `policy`. The first run measures the unloaded
+    latencies and builds the SLOs and the trace from them into `shared`; later runs reuse both."""
     proc, url, log = start_server(model, ["--dit-scheduling-policy", policy])
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
         small, large = Job(10**6, 0, "small", 64, 6), Job(10**6, 0, "large", 192, 25)
         one_image(client, small, None)  # warm-up
         one_image(client, large, None)
-        if not slo_ms:
+        if "trace" not in shared:
             base = {"small": unloaded_ms(client, small, 5), "large": unloaded_ms(client, large)}
-            slo_ms.update({kind: slo_x * ms for kind, ms in base.items()})
-            slo_ms["unloaded"] = base
-        result = replay(client, trace, slo_ms)
-        result["slo_ms"] = dict(slo_ms)
+            mean_s = (SMALL_SHARE * base["small"] + (1 - SMALL_SHARE) * base["large"]) / 1000
+            rate = args.rate or args.load / mean_s
+            shared["slo_ms"] = {kind: args.slo_x * ms for kind, ms in base.items()}
+            shared["slo_ms"]["unloaded"] = base
+            shared["rate"] = rate
+            shared["trace"] = make_trace(args.requests, rate, args.seed)
+            print(f"unloaded small/large {base['small']:.0f}/{base['large']:.0f} ms: {rate:.2f}/s")
+        result = replay(client, shared["trace"], shared["slo_ms"])
+        result["slo_ms"] = dict(shared["slo_ms"])
+        result["rate"] = shared["rate"]
         return result
     finally:
         proc.terminate()
@@ -150,21 +163,27 @@ def run_policy(model: str, policy: str, trace: list[Job], slo_x: float, slo_ms: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=160)
-    parser.add_argument("--rate", type=float, default=3.5, help="arrivals per second")
+    parser.add_argument(
+        "--load", type=float, default=1.0, help="arrival rate / one-at-a-time service rate"
+    )
+    parser.add_argument("--rate", type=float, help="arrivals per second (instead of --load)")
     parser.add_argument("--slo-x", type=float, default=3.0, help="SLO = x * unloaded latency")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--orders", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per policy, alternating")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.repeats < 1 or args.load <= 0 or (args.rate is not None and args.rate <= 0):
+        parser.error("--repeats must be >= 1, --load and --rate > 0")
     model = str(build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"])
-    trace = make_trace(args.requests, args.rate, args.seed)
     runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
-    orders = [POLICIES, POLICIES[::-1]][: args.orders]
-    slo_ms: dict = {}
-    for order in orders:
-        for policy in order:
-            runs[policy].append(run_policy(model, policy, trace, args.slo_x, slo_ms))
+    shared: dict = {}
+    for i in range(args.repeats):
+        for policy in POLICIES if i % 2 == 0 else POLICIES[::-1]:
+            runs[policy].append(run_policy(model, policy, args, shared))
             report(policy, runs[policy][-1])
+    medians = {p: _medians(r) for p, r in runs.items()}
+    for policy in POLICIES:
+        report(f"{policy} (median)", medians[policy])
     ratios = {
         "slo_attainment": _ratio(runs, lambda r: r["slo_attainment"]),
         "small_p99": _ratio(runs, lambda r: r["small"]["p99_s"]),
@@ -176,23 +195,48 @@ def main() -> None:
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {"args": vars(args) | {"json": str(args.json)}, "runs": runs, "ratios": ratios}
+        out = {
+            "args": vars(args) | {"json": str(args.json)},
+            "rate": shared["rate"],
+            "runs": runs,
+            "medians": medians,
+            "ratios": ratios,
+        }
         args.json.write_text(json.dumps(out, indent=2))
 
 
+def _medians(results: list[dict]) -> dict:
+    """Each figure's median over the runs (same shape as one run's result)."""
+
+    def median(path: tuple[str, ...]) -> float:
+        values = []
+        for r in results:
+            for key in path:
+                r = r[key]
+            values.append(r)
+        return statistics.median(values)
+
+    out: dict[str, Any] = {"slo_ms": results[0]["slo_ms"]}
+    for key in ("slo_attainment", "goodput_rps", "max_latency_s", "errors"):
+        out[key] = median((key,))
+    for kind in ("small", "large"):
+        out[kind] = {k: median((kind, k)) for k in ("p50_s", "p99_s", "slo_attainment")}
+    return out
+
+
 def _ratio(runs: dict, metric) -> float:
-    """deadline over fcfs, geometric mean over the orders."""
+    """deadline over fcfs, geometric mean over the pairs of runs."""
     values = [metric(d) / max(1e-9, metric(f)) for d, f in zip(runs["deadline"], runs["fcfs"])]
     return statistics.geometric_mean(values) if all(v > 0 for v in values) else 0.0
 
 
 def report(policy: str, r: dict) -> None:
     print(
-        f"{policy:>9}: SLO attainment {r['slo_attainment']:.0%} "
+        f"{policy:>17}: SLO attainment {r['slo_attainment']:.0%} "
         f"(small {r['small']['slo_attainment']:.0%}, large {r['large']['slo_attainment']:.0%}), "
         f"goodput {r['goodput_rps']:.2f} req/s, small P50/P99 {r['small']['p50_s']:.2f}/"
         f"{r['small']['p99_s']:.2f} s, large P50/P99 {r['large']['p50_s']:.2f}/"
-        f"{r['large']['p99_s']:.2f} s, max {r['max_latency_s']:.1f} s, errors {r['errors']}, "
+        f"{r['large']['p99_s']:.2f} s, max {r['max_latency_s']:.1f} s, errors {r['errors']:.0f}, "
         f"SLO ms {r['slo_ms']['small']:.0f}/{r['slo_ms']['large']:.0f}"
     )
 

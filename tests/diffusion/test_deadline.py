@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Deadline-aware DiT step scheduling without a model: urgency order, one shape per step,
-preemption without recompute, the starvation guard, admission control, SLO accounting."""
+"""Deadline-aware DiT step scheduling without a model: urgency order, one shape per step unless
+every request in time can spare more, preemption without recompute, the starvation guard,
+admission control, SLO accounting."""
 
 from __future__ import annotations
 
@@ -81,6 +82,22 @@ def test_least_slack_first_one_shape_per_step_and_preemption_keeps_state() -> No
     assert run.prepared.count("big") == 1  # resumed, never recomputed
     assert s.requests == {} and s.cache.num_entries == 0
     assert s.slo.met == 4 and s.slo.missed == 0
+
+
+def test_other_shapes_ride_along_when_every_on_time_request_can_spare_it() -> None:
+    s = _scheduler(max_num_seqs=4)
+    # Nobody in a hurry (and a late request is past saving): both shapes advance, as in fcfs.
+    s.add_request(_request("small", steps=5, slo_s=10))
+    s.add_request(_request("late", steps=5, slo_s=0.01))
+    s.add_request(_request("big", size=256, steps=5))
+    time.sleep(0.02)
+    out = s.schedule()
+    assert sorted(map(sorted, out.groups)) == [["big"], ["late", "small"]]
+    # A small request due in 0.48 s, with 0.08 s of work due by then (its own and the late
+    # one's), has about 0.13 s to spare per remaining step: not the big one's 0.16 s.
+    s.add_request(_request("tight", steps=3, slo_s=0.03 + 3 * 0.15))
+    out = s.schedule()
+    assert "tight" in out.groups[0] and all("big" not in group for group in out.groups)
 
 
 def test_late_requests_run_only_where_others_can_spare_the_time() -> None:
