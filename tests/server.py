@@ -82,4 +82,4 @@ def greedy_token_ids(client, model: str, prompt, num_tokens: int) -> list[int]:
         temperature=0.0,
         extra_body={"min_tokens": num_tokens, "return_token_ids": True},
     )
-    return list(getattr(completion.choices[0], "token_ids"))
+    return list(completion.choices[0].token_ids)

@@ -137,6 +137,19 @@ class DeadlinePolicy:
 
         return sorted(requests, key=urgency)
 
+    def spare_per_step_s(self, requests: list[DiTRequest], now: float) -> float:
+        """How much longer every step may take without making late a request that can still be
+        on time: the least, over such requests, of the room they have left (by the EDF test
+        below: the remaining work of every request due no later than it, then its own, done
+        back to back from now) per remaining step. Infinite when no such request."""
+        per_step, ahead_s = [], 0.0
+        for r in sorted((r for r in requests if r.deadline is not None), key=lambda r: r.deadline):
+            ahead_s += self.costs.remaining_s(r)
+            room_s = r.deadline - now - ahead_s
+            if room_s >= 0:
+                per_step.append(room_s / max(1, r.num_steps - r.num_steps_done))
+        return min(per_step, default=math.inf)
+
     def admissible(self, request: DiTRequest, others: list[DiTRequest], now: float) -> bool:
         """EDF check: the work of every request due no later than `request`, then its own,
         done back to back from now, ends by its deadline."""

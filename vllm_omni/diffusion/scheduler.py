@@ -235,18 +235,12 @@ class DiffusionScheduler:
     ) -> list[DiTRequest]:
         """Requests of other shapes that can ride along in this step, most urgent first. Each
         extra transformer call delays every request's step by its cost; taking that delay in
-        every remaining step, a request that can still meet its deadline must still meet it.
-        "Can" is the EDF test: the remaining work of every request due no later than it, then
-        its own, done back to back from now, ends by its deadline. The others are past saving
-        under this load: for them, and when nobody is in a hurry, the step advances as many
-        requests as fcfs would, which keeps the throughput when the stage is overloaded."""
-        per_step, ahead_s = [], 0.0
-        for r in sorted((r for r in ordered if r.deadline is not None), key=lambda r: r.deadline):
-            ahead_s += self.costs.remaining_s(r)
-            room_s = r.deadline - now - ahead_s
-            if room_s >= 0:
-                per_step.append(room_s / max(1, r.num_steps - r.num_steps_done))
-        spare_s, extra_s, spare = min(per_step, default=float("inf")), 0.0, []
+        every remaining step, a request that can still meet its deadline must still meet it
+        (`DeadlinePolicy.spare_per_step_s`). The others are past saving under this load: for
+        them, and when nobody is in a hurry, the step advances as many requests as fcfs would,
+        which keeps the throughput when the stage is overloaded."""
+        spare_s = self.deadline_policy.spare_per_step_s(ordered, now)
+        extra_s, spare = 0.0, []
         for request in ordered:
             if num_picked + len(spare) >= self.config.max_num_seqs:
                 break
