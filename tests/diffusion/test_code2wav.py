@@ -27,12 +27,17 @@ from vllm_omni.engine.dit_stage import DiTStage
 from vllm_omni.models import tiny_omni
 
 SAMPLES_PER_TOKEN = 480  # 2 mel frames per codec token x BigVGAN hop 240
-# The executor calls the same transformers modules on the same tensors with the same noise, in
-# the same process: the waveform is bitwise HF's. Across processes (another thread pool) a
-# last-bit difference would be acceptable; 1e-6 is far below the 1.0 peak of these waveforms.
+# The executor against itself in a DiT stage process (another thread pool): a last-bit difference
+# would be acceptable; 1e-6 is far below the 1.0 peak of these waveforms.
 PROCESS_ATOL = 1e-6
 WINDOW_ALIGN = 12  # the tiny DiT's block_size 24 frames / 2 frames per code
 
+
+HF_TOLERANCE = 1e-3
+"""Our waveform against transformers' token2wav, relative to its peak. Same modules, inputs and
+noise; the DiT attends through block_attention (the same band of blocks, added up in another
+order): measured up to 4.2e-4 over 11-512 codes, both voices, two seeds (the mel itself within
+~2e-7 of its peak; the random-weight BigVGAN amplifies)."""
 
 BATCH_TOLERANCE = 1e-3  # measured: 4.0e-4
 """A batched row against the same request decoded alone, relative to the peak: other kernel
@@ -164,6 +169,23 @@ def test_stage_config_runs_code2wav_whole_requests(omni_dir) -> None:
         )
 
 
+def test_cpu_stage_decodes_on_one_thread_one_request_at_a_time(omni_dir) -> None:
+    # Beside vLLM workers bound to the other cores, a second thread only waits (dit_stage.py).
+    def dit(**settings):
+        config = StageConfig(
+            name="code2wav",
+            engine_type="DiT",
+            model=omni_dir,
+            executor="code2wav",
+            dit={"device": "cpu", **settings},
+        )
+        return DiTStage(config).dit_config
+
+    assert (dit().num_threads, dit().max_num_seqs) == (1, 1)
+    chosen = dit(num_threads=2, max_num_seqs=4)  # the stage config wins
+    assert (chosen.num_threads, chosen.max_num_seqs) == (2, 4)
+
+
 # ---------------------------------------------------------------------------- in-process
 def test_info(executor: Code2WavExecutor) -> None:
     info = executor.info
@@ -182,8 +204,8 @@ def test_matches_transformers(executor, hf_model, voice: str) -> None:
         ours = _decode(executor, codes, voice=voice, seed=seed)
         ref = _hf_wav(hf_model, codes, voice, seed)
         assert ours.dtype == torch.float32 and ours.shape == ref.shape == (23 * SAMPLES_PER_TOKEN,)
-        diff = (ours - ref).abs().max().item()
-        assert diff == 0.0, f"{voice}, seed {seed}: max abs difference {diff}"
+        error = (ours - ref).abs().max().item() / ref.abs().max().item()
+        assert error <= HF_TOLERANCE, f"{voice}, seed {seed}: max |difference| / peak {error}"
         wavs[seed] = ours
     assert not torch.equal(wavs[0], wavs[1234])  # the seed picks the DiT's initial noise
 
@@ -193,7 +215,8 @@ def test_matches_transformers_without_guidance(executor, hf_model) -> None:
     codes = _codes(11, seed=3)
     kwargs = {"num_steps": 4, "guidance_scale": 0.0, "sway_coefficient": 0.3}
     ours = _decode(executor, codes, voice="Ethan", seed=9, **kwargs)
-    assert torch.equal(ours, _hf_wav(hf_model, codes, "Ethan", 9, **kwargs))
+    ref = _hf_wav(hf_model, codes, "Ethan", 9, **kwargs)
+    assert (ours - ref).abs().max().item() <= HF_TOLERANCE * ref.abs().max().item()
 
 
 def test_noise_prefix_is_the_global_rng_draw(executor) -> None:

@@ -29,9 +29,9 @@ CODEC_PAD, CODEC_BOS, CODEC_EOS = 60, 61, 62
 SAMPLES_PER_CODE = 480
 WAVE_TOLERANCE = 1e-3
 """Largest waveform difference, relative to the reference's peak. The DiT process runs
-transformers' token2wav itself (bitwise equal on one thread, tests/diffusion/test_code2wav.py);
-here it runs on the process's default threads, which changes summation order in the 10-step
-ODE solve."""
+transformers' token2wav modules, its attention through vllm_omni's block-band function (within
+4.2e-4 in-process, tests/diffusion/test_code2wav.py), on the process's default threads, which
+changes summation order in the 10-step ODE solve too."""
 
 
 def stage_params(seed: int = SEED, voice: str = "Chelsie") -> dict:

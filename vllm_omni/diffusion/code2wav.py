@@ -15,7 +15,8 @@ the frames its codes cover, so a window of the codes (streaming) starts from the
 whole decode gives them. CPU randn fills in order, 16 values at a time (a size that is not a
 multiple of 16 redraws its tail), so with 2 * mel_dim = 160 values per code the first 2N frames
 equal `torch.manual_seed(seed); torch.randn([1, 2N, mel_dim])`: a whole request equals HF's
-`torch.manual_seed(seed)` + token2wav bitwise.
+`torch.manual_seed(seed)` + token2wav up to float rounding: the DiT attends through
+`block_attention` (the same band of blocks, without transformers' dense masks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from vllm_omni.diffusion.block_attention import use_block_band_attention
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.params import Code2WavParams
@@ -179,6 +181,7 @@ class Code2WavExecutor:
         self.device = resolve_device(config.device)
         start = time.perf_counter()
         self.model = load_token2wav(config.model, self.device)
+        use_block_band_attention(self.model.code2wav_dit_model)
         self.voices: dict[str, dict[str, torch.Tensor]] = {}
         for name, voice in load_voices(config.model).items():
             # As generate() passes them: float32, cond [1, D], ref_mel [1, T, mel].

@@ -45,22 +45,26 @@ class DiTStage:
         self.config = config
         self.dit_config = config.dit_config()
         if (
-            config.executor == "vae_decoder"
+            config.executor in ("vae_decoder", "code2wav")
             and self.dit_config.num_threads is None
             and _runs_on_cpu(self.dit_config)
         ):
-            # VAE decoding barely scales with threads (measured: 41 vs 38 ms per 128x128
-            # image on 1 vs 2 threads); one thread leaves the other cores to the DiT, whose
-            # matmuls do scale. With both on all cores, OpenMP threads spin against each other.
+            # vae_decoder: VAE decoding barely scales with threads (measured: 41 vs 38 ms per
+            # 128x128 image on 1 vs 2 threads); one thread leaves the other cores to the DiT,
+            # whose matmuls do scale. With both on all cores, OpenMP threads spin against each
+            # other. code2wav: vLLM binds the thinker's and talker's workers to the cores it does
+            # not reserve, so a second decoding thread lands on a busy worker core and every
+            # OpenMP barrier waits for it (2-core EPYC, streamed request alone: first audio
+            # 0.95-7.7 s on 2 threads, 0.74-1.13 s on 1; the whole reply 6.8-11 s vs 4.6-6.2 s).
             self.dit_config = replace(self.dit_config, num_threads=1)
         if (
             config.executor == "code2wav"
             and "max_num_seqs" not in config.dit
             and _runs_on_cpu(self.dit_config)
         ):
-            # On a CPU, batching decodes costs more than it saves (measured on a 2-core EPYC:
-            # 4 requests of 512 codes, 3.4 s each as one batch against 1.7 s one by one), and a
-            # request's audio would wait for its whole batch.
+            # On a CPU, batching decodes saves little (measured on a 2-core EPYC, one thread,
+            # 512 codes: 0.96 s alone, 0.74 s each in a batch of 2, 0.93 s in a batch of 4), and
+            # a request's audio would wait for its whole batch.
             self.dit_config = replace(self.dit_config, max_num_seqs=1)
         self.busy = BusyTracker()  # the DiT process's engine steps
         self.step_listeners: list[Callable[[float], None]] = []  # hear each step's seconds
