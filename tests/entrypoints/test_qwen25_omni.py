@@ -12,8 +12,12 @@ batch gets), so the reference is a batch with one left-padded row and the unpadd
 
 from __future__ import annotations
 
+import base64
+import io
+
 import pytest
 import torch
+from PIL import Image
 from vllm import SamplingParams
 
 from vllm_omni import Code2WavParams, OmniLLM
@@ -66,11 +70,17 @@ def hf(tiny_models):
 
 def hf_reference(hf, prompt: str, voice: str) -> tuple[list[int], list[int]]:
     """transformers' thinker tokens and talker codes (cut at the first end code) for `prompt`."""
-    model, tokenizer = hf
+    _, tokenizer = hf
     ids, short = tokenizer.encode(prompt), tokenizer.encode("Hi")
     pad = [0] * (len(ids) - len(short))
     input_ids = torch.tensor([ids, pad + short])
     mask = torch.tensor([[1] * len(ids), [0] * len(pad) + [1] * len(short)])
+    return hf_generate(hf, {"input_ids": input_ids, "attention_mask": mask}, voice)
+
+
+def hf_generate(hf, inputs: dict, voice: str) -> tuple[list[int], list[int]]:
+    """transformers' `generate` on processor outputs whose first row is the request (unpadded)."""
+    model, _ = hf
     captured = {}
     generate = model.talker.generate
 
@@ -83,8 +93,7 @@ def hf_reference(hf, prompt: str, voice: str) -> tuple[list[int], list[int]]:
     try:
         with one_thread():
             sequences, _ = model.generate(
-                input_ids=input_ids,
-                attention_mask=mask,
+                **inputs,
                 speaker=voice,
                 thinker_max_new_tokens=THINKER_TOKENS,
                 thinker_do_sample=False,
@@ -96,7 +105,8 @@ def hf_reference(hf, prompt: str, voice: str) -> tuple[list[int], list[int]]:
         model.talker.generate = generate
     codes = captured["codes"][0, captured["prompt"] :].tolist()
     ends = [i for i, c in enumerate(codes) if c in (CODEC_PAD, CODEC_EOS)]
-    return sequences[0, len(ids) :].tolist(), codes[: ends[0]] if ends else codes
+    text_ids = sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    return text_ids, codes[: ends[0]] if ends else codes
 
 
 def hf_waveform(hf, codes: list[int], voice: str, seed: int) -> torch.Tensor:
@@ -126,6 +136,35 @@ def test_text_codes_and_waveform_match_transformers(omni, hf, voice):
     diff = (out.audio - reference).abs().max().item() / reference.abs().max().item()
     print(f"waveform: max |diff| / peak = {diff:.2e}")
     assert diff <= WAVE_TOLERANCE
+
+
+def test_image_prompt_text_and_codes_match_transformers(omni, hf, tiny_models):
+    # transformers positions the talker with the thinker prompt's M-RoPE index: image tokens get
+    # height/width positions (a 4x8 patch grid here), so 1-D positions would change the codes.
+    from transformers import AutoProcessor
+
+    gen = torch.Generator().manual_seed(0)
+    image = Image.fromarray((torch.rand(56, 112, 3, generator=gen) * 255).byte().numpy())
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    question = {"type": "text", "text": "What is this?"}
+    picture = {"type": "image_url", "image_url": {"url": url}}
+    messages = [{"role": "user", "content": [picture, question]}]
+    request = {"messages": messages, "voice": "Chelsie"}
+    out = omni.generate(request, stage_params(), use_tqdm=False)[0]
+
+    processor = AutoProcessor.from_pretrained(tiny_models["qwen2.5-omni"])
+    chat = [{"role": "user", "content": [{"type": "image"}, question]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    inputs = dict(processor(text=[text, "Hi"], images=[image], return_tensors="pt",
+                            padding=True, padding_side="left"))  # fmt: skip
+    assert inputs["image_grid_thw"].tolist() == [[1, 4, 8]]
+    inputs["thinker_pixel_values"] = inputs.pop("pixel_values")  # the talker takes no pixels
+    text_ids, codes = hf_generate(hf, inputs, "Chelsie")
+    assert out.prompt_token_ids == inputs["input_ids"][0].tolist()  # the image's 8 tokens too
+    assert out.token_ids == text_ids
+    assert len(codes) > 0 and out.codec_token_ids == codes
 
 
 def test_concurrent_requests_match_solo_runs(omni):

@@ -154,26 +154,38 @@ def thinker_embedding_rows(folder: Path, token_ids: list[int]) -> torch.Tensor:
     raise ValueError(f"model: no {name} in {folder}")
 
 
+@dataclass(frozen=True)
+class TalkerPrompt:
+    ids: list[int]  # the talker's prompt token ids (codec mask, pad, start)
+    rows: torch.Tensor  # conditioning, one row per position (see talker_input)
+    codec_from: int  # positions before it leave out the codec embedding
+    positions: torch.Tensor | None  # [3, thinker prompt] M-RoPE positions, if the thinker has them
+
+
 def talker_input(
     states: torch.Tensor,
     num_prompt: int,
     specials: TalkerSpecials,
     voice: str,
     finished: bool = True,
-) -> tuple[list[int], torch.Tensor, int]:
-    """The talker's prompt token ids, conditioning rows and `codec_from`, as transformers builds
-    them: prompt rows (thinker hidden + embedding, no codec term), the voice's start embedding
-    with the codec pad, the first reply token with the codec start; then, one per generated
-    code, the remaining reply tokens, the text-end and text-pad embeddings (the last repeats).
-    With `finished` False (the thinker is still writing) the rows end at its newest token."""
-    width = states.shape[1] // 2
+) -> TalkerPrompt:
+    """The talker's prompt as transformers builds it: prompt rows (thinker hidden + embedding,
+    no codec term), the voice's start embedding with the codec pad, the first reply token with
+    the codec start; then, one per generated code, the remaining reply tokens, the text-end and
+    text-pad embeddings (the last repeats). With `finished` False (the thinker is still writing)
+    the rows end at its newest token. `states` rows are [hidden | embedding], followed by the
+    token's 3 M-RoPE positions when the thinker has them (vllm_omni.worker.hidden_states)."""
+    width = specials.text_eos.shape[-1]  # the thinker's hidden size
     states = states.float()
-    thinker = states[:, :width] + states[:, width:]  # hidden + token embedding
+    thinker = states[:, :width] + states[:, width : 2 * width]  # hidden + token embedding
+    positions = None
+    if states.shape[1] > 2 * width:
+        positions = states[:num_prompt, 2 * width :].T.round().long()
     prompt, reply = thinker[:num_prompt], thinker[num_prompt:]
     ends = [specials.text_eos[None], specials.text_pad[None]] if finished else []
     rows = torch.cat([prompt, specials.voices[voice][None], reply, *ends])
     ids = [specials.codec_mask] * num_prompt + [specials.codec_pad, specials.codec_bos]
-    return ids, rows, num_prompt
+    return TalkerPrompt(ids, rows, num_prompt, positions)
 
 
 def speakable_codes(rows: torch.Tensor, num_prompt: int, finished: bool) -> float:
@@ -250,15 +262,15 @@ class TalkerGenerator:
             states = torch.cat(pieces) if pieces else None
             if states is None or states.shape[0] < num_prompt + 1:
                 break  # no reply to speak
-            ids, rows, codec_from = await asyncio.to_thread(
+            prompt = await asyncio.to_thread(
                 talker_input, states, num_prompt, self.specials, voice, finished
             )
-            want = min(speakable_codes(rows, num_prompt, finished), budget) - len(codes)
+            want = min(speakable_codes(prompt.rows, num_prompt, finished), budget) - len(codes)
             if want <= 0:
                 break
             new, stopped = await self._segment(
-                stage, f"{request_id}#{segment}", request_id, ids + codes, rows, codec_from,
-                params, int(want), emit,
+                stage, f"{request_id}#{segment}", request_id, prompt, codes, params, int(want),
+                emit,
             )  # fmt: skip
             segment += 1
             codes += new
@@ -272,10 +284,10 @@ class TalkerGenerator:
         return rows - num_prompt - 1 - len(codes) < self.min_segment
 
     async def _segment(
-        self, stage, segment_id, salt, ids, rows, codec_from, params, max_tokens, emit
+        self, stage, segment_id, salt, talker_prompt, spoken, params, max_tokens, emit
     ) -> tuple[list[int], bool]:
-        """One talker request continuing the codes in `ids`; (new codes, stopped at an end).
-        `emit` hears the codes as they are generated."""
+        """One talker request continuing the codes already `spoken`; (new codes, stopped at an
+        end). `emit` hears the codes as they are generated."""
         from vllm import TokensPrompt
 
         from vllm_omni.worker.talker import PAYLOAD_KEY, encode_payload
@@ -283,7 +295,9 @@ class TalkerGenerator:
         s = self.specials
         params = params.clone()
         params.max_tokens = max_tokens
-        payload = encode_payload(rows, codec_from)
+        payload = encode_payload(
+            talker_prompt.rows, talker_prompt.codec_from, talker_prompt.positions
+        )
         params.extra_args = {**(params.extra_args or {}), PAYLOAD_KEY: payload}
         if not params.stop_token_ids:
             params.stop_token_ids = [s.codec_pad, s.codec_eos]
@@ -291,7 +305,7 @@ class TalkerGenerator:
             params.allowed_token_ids = [i for i in range(s.vocab_size) if i != s.codec_bos]
         # The salt keeps this request's cached blocks to itself: every talker prompt starts
         # with the same codes, but the conditioning differs.
-        prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=salt)
+        prompt = TokensPrompt(prompt_token_ids=talker_prompt.ids + spoken, cache_salt=salt)
         codes: list[int] = []
         async for out in stage.engine.generate(prompt, params, segment_id):
             fresh = list(out.outputs[0].token_ids)[len(codes) :]

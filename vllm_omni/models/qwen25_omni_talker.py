@@ -14,8 +14,15 @@ talker worker (`vllm_omni.worker.talker`) sets it on the model before each forwa
 
 The decoder is vLLM's Llama stack configured as Qwen2 (biased q/k/v, unbiased o) with the
 talker's explicit head_dim (the real checkpoint has hidden 896 with 128-wide heads, which
-vLLM's Qwen2 attention, deriving head_dim from hidden / heads, cannot load). Positions are 1-D:
-equal to transformers' 3-D M-RoPE for text and audio prompts, not for image or video prompts.
+vLLM's Qwen2 attention, deriving head_dim from hidden / heads, cannot load).
+
+Positions: transformers gives the talker 3-D M-RoPE positions, the thinker prompt's own rope index
+(image and video tokens get temporal/height/width positions; text and audio tokens the same value
+on all three), then one per token after it. The talker worker hands the forward those [3, tokens]
+positions (`vllm_omni.worker.talker.talker_positions`) and the decoder layers rotate with M-RoPE.
+vLLM itself is told nothing of M-RoPE (`mrope_section` moves out of `rope_parameters`): its runner
+would otherwise compute the positions from the request's own multimodal inputs, and a talker
+request has none.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ def talker_hf_overrides(hf_config):
     talker.qkv_bias = True  # Qwen2 attention in vLLM's Llama layers
     talker.attention_bias = False
     rope = dict(talker.rope_parameters or {})
-    rope.pop("mrope_section", None)  # 1-D positions (see the module docstring)
+    # The layers rotate with M-RoPE, vLLM's runner stays 1-D (see the module docstring).
+    talker.omni_mrope_section = rope.pop("mrope_section", None)
     talker.rope_parameters = rope
     return talker
 
@@ -63,6 +71,9 @@ class Qwen25OmniTalkerForCodec(nn.Module):
         )
         # Its own embed_tokens (vocab x hidden) stays unused: inputs arrive as embeddings.
         self.model = LlamaModel(vllm_config=vllm_config, prefix=f"{prefix}model")
+        self.uses_mrope = bool(getattr(config, "omni_mrope_section", None))
+        if self.uses_mrope:
+            _rotate_with_mrope(self.model, config)
         self.codec_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.logits_processor = LogitsProcessor(config.vocab_size)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
@@ -115,6 +126,23 @@ class Qwen25OmniTalkerForCodec(nn.Module):
         # vLLM checks that every parameter was loaded; the decoder's own embedding is unused.
         loaded.add("model.embed_tokens.weight")
         return loaded
+
+
+def _rotate_with_mrope(model: nn.Module, config) -> None:
+    """Each decoder layer's rotary embedding as vLLM's M-RoPE (it takes [tokens] or [3, tokens]
+    positions); the rest of the layer is untouched."""
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    rope = {**config.rope_parameters, "mrope_section": list(config.omni_mrope_section)}
+    for layer in model.layers:
+        attention = getattr(layer, "self_attn", None)  # absent on other pipeline ranks
+        if attention is not None:
+            attention.rotary_emb = get_rope(
+                attention.head_dim,
+                max_position=attention.max_position_embeddings,
+                rope_parameters=rope,
+                is_neox_style=True,
+            )
 
 
 # Checkpoint tensors of the talker outside its decoder stack -> this module's parameters.

@@ -8,7 +8,9 @@ engine; this worker fills it for generation requests too:
 
 - after each forward it keeps the rows of every scheduled token as `[hidden | embedding]`
   (width 2 x hidden; the embedding is zero at multimodal placeholder tokens, as transformers
-  feeds the talker);
+  feeds the talker); for an M-RoPE model (3-D positions: Qwen2.5-Omni's thinker) the rows are
+  float32 and end with the token's 3 position ids (exact in float32), which the talker's
+  prompt reuses: transformers gives the talker the thinker prompt's own rope index;
 - rows of a prefill that has not reached its first sampled token wait here and leave with that
   token, so every output that carries rows also carries a token (vLLM's output processor and
   its time-to-first-token stay as they are);
@@ -72,7 +74,7 @@ class HiddenStatesWorkerMixin:
         def capturing_forward(*args, **kwargs):
             out = forward(*args, **kwargs)
             if get_pp_group().is_last_rank and not isinstance(out, tuple):
-                self._capture(out)
+                self._capture(out, kwargs.get("positions"))
             return out
 
         # An instance attribute on this worker's own runner: the runner class stays untouched.
@@ -88,11 +90,14 @@ class HiddenStatesWorkerMixin:
             embeds = embeds.masked_fill(is_placeholder[:, None], 0)
         return embeds
 
-    def _capture(self, hidden_states: torch.Tensor) -> None:
+    def _capture(self, hidden_states: torch.Tensor, positions: torch.Tensor | None) -> None:
         req_ids = self.model_runner.input_batch.req_ids
         total = sum(self._spans[r][1] for r in req_ids)
         token_ids = self.model_runner.input_ids.gpu[:total]
-        rows = torch.cat([hidden_states[:total], self._embed(token_ids)], dim=-1)
+        parts = [hidden_states[:total], self._embed(token_ids)]
+        if positions is not None and positions.dim() == 2:  # M-RoPE: [3, tokens]
+            parts = [p.float() for p in parts] + [positions[:, :total].T.float()]
+        rows = torch.cat(parts, dim=-1)
         rows = rows.to("cpu", copy=True)  # the runner reuses its buffers next step
         offset = 0
         for req_id in req_ids:

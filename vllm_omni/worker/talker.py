@@ -8,6 +8,11 @@ positions before `codec_from` (the thinker's prompt) leave out the codec embeddi
 forward the worker gathers the rows of the scheduled tokens in the runner's batch order and
 hands them to `Qwen25OmniTalkerForCodec.set_conditioning`.
 
+The payload may also carry the thinker prompt's M-RoPE positions ([3, prompt]); the worker then
+replaces the runner's 1-D positions with `talker_positions` for every scheduled token, as
+transformers positions the talker (the model rotates with M-RoPE,
+`vllm_omni.models.qwen25_omni_talker`).
+
 Needs eager execution on CUDA (a captured graph would replay stale conditioning) and
 synchronous scheduling; the talker's stage processor sets both.
 """
@@ -30,15 +35,42 @@ if TYPE_CHECKING:
 PAYLOAD_KEY = "omni_talker"
 
 
-def encode_payload(rows: torch.Tensor, codec_from: int) -> dict[str, Any]:
-    """Conditioning rows as plain msgpack values (bytes), to ride in SamplingParams.extra_args."""
+def encode_payload(
+    rows: torch.Tensor, codec_from: int, positions: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """Conditioning rows (and the prompt's [3, prompt] M-RoPE positions, if any) as plain
+    msgpack values (bytes), to ride in SamplingParams.extra_args."""
     array = rows.detach().to("cpu", torch.float32).contiguous().numpy()
-    return {"rows": array.tobytes(), "shape": list(array.shape), "codec_from": int(codec_from)}
+    payload = {"rows": array.tobytes(), "shape": list(array.shape), "codec_from": int(codec_from)}
+    if positions is not None:
+        table = positions.detach().to("cpu", torch.int64).contiguous().numpy()
+        payload["positions"], payload["positions_shape"] = table.tobytes(), list(table.shape)
+    return payload
 
 
-def decode_payload(payload: dict[str, Any]) -> tuple[torch.Tensor, int]:
+def decode_payload(payload: dict[str, Any]) -> tuple[torch.Tensor, int, torch.Tensor | None]:
     array = np.frombuffer(payload["rows"], dtype=np.float32).reshape(payload["shape"])
-    return torch.from_numpy(array.copy()), int(payload["codec_from"])
+    positions = None
+    if "positions" in payload:
+        table = np.frombuffer(payload["positions"], dtype=np.int64)
+        positions = torch.from_numpy(table.reshape(payload["positions_shape"]).copy())
+    return torch.from_numpy(array.copy()), int(payload["codec_from"]), positions
+
+
+def talker_positions(table: torch.Tensor | None, start: int, n: int) -> torch.Tensor:
+    """[3, n] M-RoPE positions of talker tokens start .. start + n - 1, as transformers' talker
+    computes them: the thinker prompt's rope index `table` ([3, prompt]) for the prompt, then
+    each later token one past the previous on all three axes (index + the prompt's rope delta).
+    Without a table: plain 1-D positions on all three axes."""
+    index = torch.arange(start, start + n)
+    if table is None:
+        return index.expand(3, n).clone()
+    prompt = table.shape[1]
+    delta = int(table.max()) + 1 - prompt if prompt else 0
+    positions = (index + delta).expand(3, n).clone()
+    inside = index < prompt
+    positions[:, inside] = table[:, index[inside]]
+    return positions
 
 
 class TalkerWorkerMixin:
@@ -51,6 +83,8 @@ class TalkerWorkerMixin:
         def conditioned_forward(*args, **kwargs):
             if get_pp_group().is_first_rank:
                 self._set_conditioning(kwargs.get("input_ids"))
+            if getattr(runner.model, "uses_mrope", False) and kwargs.get("positions") is not None:
+                kwargs["positions"] = self._mrope_positions(kwargs["positions"])
             try:
                 return forward(*args, **kwargs)
             finally:
@@ -60,15 +94,31 @@ class TalkerWorkerMixin:
         # An instance attribute on this worker's own runner: the runner class stays untouched.
         runner._model_forward = conditioned_forward
 
-    def _payload(self, req_id: str) -> tuple[torch.Tensor, int] | None:
+    def _payload(self, req_id: str) -> tuple[torch.Tensor, int, torch.Tensor | None] | None:
         if req_id not in self._payloads:
             params = self.model_runner.requests[req_id].sampling_params
             payload = (params.extra_args or {}).get(PAYLOAD_KEY) if params else None
             if payload is None:
                 return None
-            rows, codec_from = decode_payload(payload)
-            self._payloads[req_id] = (rows.to(self.model_runner.device), codec_from)
+            rows, codec_from, positions = decode_payload(payload)
+            self._payloads[req_id] = (rows.to(self.model_runner.device), codec_from, positions)
         return self._payloads[req_id]
+
+    def _mrope_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """The runner's 1-D positions [padded tokens] -> [3, padded tokens]: each scheduled
+        request's own (talker_positions); padding keeps its 1-D value on all three axes."""
+        out = positions.expand(3, -1).clone()
+        if self._spans is None:  # a warm-up or profiling run
+            return out
+        offset = 0
+        for req_id in self.model_runner.input_batch.req_ids:
+            start, n = self._spans[req_id]
+            payload = self._payload(req_id)
+            table = payload[2] if payload is not None else None
+            if table is not None:
+                out[:, offset : offset + n] = talker_positions(table, start, n).to(out)
+            offset += n
+        return out
 
     def _set_conditioning(self, input_ids: torch.Tensor | None) -> None:
         runner = self.model_runner
@@ -85,7 +135,7 @@ class TalkerWorkerMixin:
                 rows.append(torch.zeros(n, width, device=runner.device))
                 scales.append(torch.ones(n, 1, device=runner.device))
                 continue
-            table, codec_from = payload
+            table, codec_from, _ = payload
             rows.append(table[positions.clamp(max=table.shape[0] - 1)])
             scales.append((positions >= codec_from).to(table.dtype)[:, None])
         dtype = runner.model.codec_embedding.weight.dtype
