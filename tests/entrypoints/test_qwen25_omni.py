@@ -167,6 +167,36 @@ def test_image_prompt_text_and_codes_match_transformers(omni, hf, tiny_models):
     assert len(codes) > 0 and out.codec_token_ids == codes
 
 
+def test_audio_prompt_text_and_codes_match_transformers(omni, hf, tiny_models):
+    # vLLM decodes the message's WAV (soundfile) and extracts Whisper features as transformers'
+    # processor does; the talker's positions are the thinker's (1-D for audio tokens).
+    import soundfile
+    from transformers import AutoProcessor
+
+    gen = torch.Generator().manual_seed(1)
+    samples = (torch.rand(16000, generator=gen) * 0.2 - 0.1).numpy()  # 1 s at 16 kHz
+    wav = io.BytesIO()
+    soundfile.write(wav, samples, 16000, format="WAV", subtype="FLOAT")  # exact samples
+    sound = {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}
+    question = {"type": "text", "text": "What is this?"}
+    messages = [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": sound}, question]}
+    ]
+    request = {"messages": messages, "voice": "Ethan"}
+    out = omni.generate(request, stage_params(voice="Ethan"), use_tqdm=False)[0]
+
+    processor = AutoProcessor.from_pretrained(tiny_models["qwen2.5-omni"])
+    chat = [{"role": "user", "content": [{"type": "audio"}, question]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    inputs = dict(processor(text=[text, "Hi"], audio=[samples], return_tensors="pt",
+                            padding=True, padding_side="left"))  # fmt: skip
+    inputs["thinker_input_features"] = inputs.pop("input_features")
+    text_ids, codes = hf_generate(hf, inputs, "Ethan")
+    assert out.prompt_token_ids == inputs["input_ids"][0].tolist()  # the audio's tokens too
+    assert out.token_ids == text_ids
+    assert len(codes) > 0 and out.codec_token_ids == codes
+
+
 def test_concurrent_requests_match_solo_runs(omni):
     alone = [omni.generate(p, stage_params(), use_tqdm=False)[0] for p in (PROMPT, OTHER)]
     together = omni.generate([PROMPT, OTHER], stage_params(), use_tqdm=False)
