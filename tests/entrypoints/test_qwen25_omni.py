@@ -273,3 +273,29 @@ def test_streamed_request_speaks_while_the_thinker_writes(omni):
     codes = [e for e in events if isinstance(e, StageDelta) and "codec_tokens" in e.data]
     assert len(codes) >= 2
     assert sum(len(e.data["codec_tokens"]) for e in codes) == len(out.codec_token_ids)
+
+
+def test_seeded_sampling_speaks_the_same_streamed_or_not(omni):
+    # Each talker segment seeds its own draws from the request's seed and its index, and the
+    # segments have fixed lengths, so the thinker's pace cannot change the codes.
+    prompt = {"prompt": PROMPT, "voice": "Ethan"}
+
+    def params(seed: int) -> dict:
+        p = stage_params(seed=seed, voice="Ethan")
+        p["thinker"] = SamplingParams(temperature=0, max_tokens=48)
+        p["talker"] = SamplingParams(
+            temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05, seed=seed,
+            max_tokens=100, stop_token_ids=[CODEC_BOS],  # no end code: segments of 16, 32, 52
+        )  # fmt: skip
+        return p
+
+    async def streamed(seed: int):
+        inputs, prepared = omni.engine.prepare({**prompt, "stream": True}, params(seed))
+        return await omni.engine.run_prepared(inputs, prepared)
+
+    whole = omni.generate(prompt, params(11), use_tqdm=False)[0]
+    first, second = omni._call(streamed(11)), omni._call(streamed(11))
+    assert len(whole.codec_token_ids) == 100
+    assert first.codec_token_ids == second.codec_token_ids == whole.codec_token_ids
+    other = omni.generate(prompt, params(12), use_tqdm=False)[0]
+    assert other.codec_token_ids != whole.codec_token_ids  # the seed does draw the codes

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_omni.logger import init_logger
@@ -199,7 +200,12 @@ class TalkerGenerator:
     """Speaks while the thinker writes: with `stream_input` the talker generates in segments,
     each a vLLM request that continues the previous one (its prompt is the codes so far, found
     in the prefix cache under the request's own `cache_salt`), as far as the thinker's newest
-    hidden state allows; greedy decoding gives the same codes as one request."""
+    hidden state allows; greedy decoding gives the same codes as one request.
+
+    Seeded sampling draws anew in every segment (a vLLM request seeds its own generator), so
+    its segments must not depend on the thinker's pace: they have fixed lengths (min_segment,
+    doubling each time), each seeded from the request's seed and its index, streamed or not.
+    Same seed, same codes, streamed or not."""
 
     takes_user_params = False
     wants_hidden_states = False
@@ -243,11 +249,13 @@ class TalkerGenerator:
         if upstream is None:  # the thinker has finished: everything at once
             upstream = _once(inputs)
         budget = params.max_tokens or TALKER_MAX_TOKENS
+        seeded = _draws_from_seed(params)
         pieces: list[torch.Tensor] = []
         num_prompt, finished, codes, segment = None, False, [], 0
         feed = upstream.__aiter__()
         while True:
-            if not finished and (num_prompt is None or self._ready(pieces, num_prompt, codes)):
+            size = self.min_segment * 2**segment if seeded else self.min_segment
+            if not finished and (num_prompt is None or self._wait(pieces, num_prompt, codes, size)):
                 outputs, finished = await feed.__anext__()
                 num_prompt = len(outputs.get("prompt_token_ids") or ()) or num_prompt
                 if finished:
@@ -266,28 +274,32 @@ class TalkerGenerator:
                 talker_input, states, num_prompt, self.specials, voice, finished
             )
             want = min(speakable_codes(prompt.rows, num_prompt, finished), budget) - len(codes)
+            if seeded:
+                want = min(want, size)
             if want <= 0:
                 break
             new, stopped = await self._segment(
-                stage, f"{request_id}#{segment}", request_id, prompt, codes, params, int(want),
-                emit,
-            )  # fmt: skip
+                stage, request_id, segment, prompt, codes, params, int(want), emit
+            )
             segment += 1
             codes += new
             if stopped or len(codes) >= budget or (finished and not new):
                 break
         return {"codec_tokens": torch.tensor(codes, dtype=torch.long)}
 
-    def _ready(self, pieces: list[torch.Tensor], num_prompt: int, codes: list[int]) -> bool:
-        """Whether to wait for more thinker states before the next segment."""
+    def _wait(
+        self, pieces: list[torch.Tensor], num_prompt: int, codes: list[int], size: int
+    ) -> bool:
+        """Whether to wait for more thinker states before a segment of `size` codes."""
         rows = sum(p.shape[0] for p in pieces) + 1  # + the voice row
-        return rows - num_prompt - 1 - len(codes) < self.min_segment
+        return rows - num_prompt - 1 - len(codes) < size
 
     async def _segment(
-        self, stage, segment_id, salt, talker_prompt, spoken, params, max_tokens, emit
+        self, stage, request_id, segment, talker_prompt, spoken, params, max_tokens, emit
     ) -> tuple[list[int], bool]:
-        """One talker request continuing the codes already `spoken`; (new codes, stopped at an
-        end). `emit` hears the codes as they are generated."""
+        """Segment number `segment` of a request: one talker request continuing the codes
+        already `spoken`; (new codes, stopped at an end). `emit` hears the codes as they are
+        generated."""
         from vllm import TokensPrompt
 
         from vllm_omni.worker.talker import PAYLOAD_KEY, encode_payload
@@ -295,6 +307,8 @@ class TalkerGenerator:
         s = self.specials
         params = params.clone()
         params.max_tokens = max_tokens
+        if _draws_from_seed(params):  # its own draws, the same whenever this segment runs
+            params.seed = int(np.random.SeedSequence([params.seed, segment]).generate_state(1)[0])
         payload = encode_payload(
             talker_prompt.rows, talker_prompt.codec_from, talker_prompt.positions
         )
@@ -305,9 +319,9 @@ class TalkerGenerator:
             params.allowed_token_ids = [i for i in range(s.vocab_size) if i != s.codec_bos]
         # The salt keeps this request's cached blocks to itself: every talker prompt starts
         # with the same codes, but the conditioning differs.
-        prompt = TokensPrompt(prompt_token_ids=talker_prompt.ids + spoken, cache_salt=salt)
+        prompt = TokensPrompt(prompt_token_ids=talker_prompt.ids + spoken, cache_salt=request_id)
         codes: list[int] = []
-        async for out in stage.engine.generate(prompt, params, segment_id):
+        async for out in stage.engine.generate(prompt, params, f"{request_id}#{segment}"):
             fresh = list(out.outputs[0].token_ids)[len(codes) :]
             ends = [i for i, c in enumerate(fresh) if c in params.stop_token_ids]
             fresh = fresh[: ends[0]] if ends else fresh
@@ -317,6 +331,12 @@ class TalkerGenerator:
             if ends:
                 return codes, True
         return codes, False
+
+
+def _draws_from_seed(params) -> bool:
+    from vllm.sampling_params import SamplingType
+
+    return params.sampling_type == SamplingType.RANDOM_SEED
 
 
 async def _once(inputs: dict[str, Any]):
