@@ -101,24 +101,28 @@ class TalkerWorkerMixin:
             if payload is None:
                 return None
             rows, codec_from, positions = decode_payload(payload)
+            if positions is not None and torch.equal(
+                positions, torch.arange(positions.shape[1]).expand_as(positions)
+            ):
+                positions = None  # a text or audio prompt: 1-D positions say the same
             self._payloads[req_id] = (rows.to(self.model_runner.device), codec_from, positions)
         return self._payloads[req_id]
 
     def _mrope_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """The runner's 1-D positions [padded tokens] -> [3, padded tokens]: each scheduled
-        request's own (talker_positions); padding keeps its 1-D value on all three axes."""
-        out = positions.expand(3, -1).clone()
+        """The runner's 1-D positions [padded tokens] -> [3, padded tokens] when a scheduled
+        request has 3-D ones (talker_positions); the others and padding keep their 1-D value
+        on all three axes. A batch of text prompts keeps the 1-D tensor."""
         if self._spans is None:  # a warm-up or profiling run
-            return out
-        offset = 0
+            return positions
+        out, offset = None, 0
         for req_id in self.model_runner.input_batch.req_ids:
             start, n = self._spans[req_id]
             payload = self._payload(req_id)
-            table = payload[2] if payload is not None else None
-            if table is not None:
-                out[:, offset : offset + n] = talker_positions(table, start, n).to(out)
+            if payload is not None and payload[2] is not None:
+                out = positions.expand(3, -1).clone() if out is None else out
+                out[:, offset : offset + n] = talker_positions(payload[2], start, n).to(out)
             offset += n
-        return out
+        return positions if out is None else out  # M-RoPE takes 1-D positions as they are
 
     def _set_conditioning(self, input_ids: torch.Tensor | None) -> None:
         runner = self.model_runner
