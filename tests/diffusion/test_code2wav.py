@@ -14,6 +14,7 @@ from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.code2wav import (
     CODEC_TOKENS,
     STREAM_CHUNK_CODES,
+    STREAM_FIRST_CHUNK_CODES,
     STREAM_LEFT_CODES,
     STREAM_LOOKAHEAD_CODES,
     Code2WavExecutor,
@@ -91,7 +92,9 @@ def _decode_chunked(
     executor: Code2WavExecutor, codes: torch.Tensor, chunk: int, left: int, lookahead: int, **params
 ) -> tuple[torch.Tensor, list[tuple[int, int, int, int]]]:
     """Every window through the executor, the kept audio joined (what streaming sends)."""
-    windows = chunk_windows(len(codes), chunk, left, lookahead, executor.window_align)
+    windows = chunk_windows(
+        len(codes), chunk, left, lookahead, executor.window_align, first=STREAM_FIRST_CHUNK_CODES
+    )
     pieces = [
         _decode(
             executor,
@@ -149,7 +152,11 @@ def test_chunk_windows() -> None:
             assert start % WINDOW_ALIGN == 0 and keep_start - left - WINDOW_ALIGN < start
             assert start <= keep_start < keep_end <= end <= min(num_codes, keep_end + lookahead)
     assert chunk_windows(0, 24, 24, 24, 12) == []
-    for kwargs, field in [({"chunk": 0}, "chunk"), ({"left": -1}, "left"), ({"align": 0}, "align")]:
+    # A shorter first chunk; the rest tile on from its end.
+    windows = chunk_windows(100, chunk=36, left=36, lookahead=36, align=12, first=12)
+    assert windows == [(0, 48, 0, 12), (0, 84, 12, 48), (12, 100, 48, 84), (48, 100, 84, 100)]
+    bad = [({"chunk": 0}, "chunk"), ({"left": -1}, "left"), ({"align": 0}, "align")]
+    for kwargs, field in bad + [({"first": 0}, "first")]:
         with pytest.raises(ValueError, match=f"^{field}:"):
             chunk_windows(
                 **{"num_codes": 10, "chunk": 4, "left": 0, "lookahead": 0, "align": 1, **kwargs}
@@ -270,9 +277,11 @@ def test_chunked_decode_boundary_error(executor) -> None:
         seed=0,
     )
     assert joined.shape == whole.shape
-    assert len(windows) == 5  # 150 codes in chunks of 36
+    assert len(windows) == 5  # 150 codes: 12, then chunks of 36
     error = (joined - whole).abs().max().item() / whole.abs().max().item()
-    assert error <= 2e-3, f"chunked decode: max error {error:.2e} of the peak"  # measured 9.4e-4
+    # Measured at the streaming defaults (first chunk 12), three code sequences: 6.5e-4 to
+    # 2.2e-3, largest at whichever chunk boundary the waveform happens to swing at.
+    assert error <= 3e-3, f"chunked decode: max error {error:.2e} of the peak"
 
 
 def test_decode_leaves_the_global_rng_alone(executor) -> None:

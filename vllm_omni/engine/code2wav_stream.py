@@ -3,11 +3,12 @@
 
 The talker's codes arrive in pieces (`Upstream`). Whenever a chunk of `chunk` new codes plus
 `lookahead` codes after it are known (or the talker has finished), one window goes to the DiT
-process: the chunk, up to `left` codes of left context before it (aligned down to the DiT's
-attention blocks) and the look-ahead. The process decodes the window with the request's own
-noise frames and returns the audio of the chunk only (Code2WavParams.window_start / keep), so
-the joined chunks approximate the whole-request decode (boundary error measured in
-tests/diffusion/test_code2wav.py). Chunks leave in order, each as soon as it is decoded.
+process (the first chunk is shorter, see STREAM_FIRST_CHUNK_CODES): the chunk, up to `left`
+codes of left context before it (aligned down to the DiT's attention blocks) and the
+look-ahead. The process decodes the window with the request's own noise frames and returns the
+audio of the chunk only (Code2WavParams.window_start / keep), so the joined chunks approximate
+the whole-request decode (boundary error measured in tests/diffusion/test_code2wav.py). Chunks
+leave in order, each as soon as it is decoded.
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ import torch
 
 from vllm_omni.diffusion.code2wav import (
     STREAM_CHUNK_CODES,
+    STREAM_FIRST_CHUNK_CODES,
     STREAM_LEFT_CODES,
     STREAM_LOOKAHEAD_CODES,
 )
+
+
+def chunk_size(kept: int) -> int:
+    return STREAM_FIRST_CHUNK_CODES if kept == 0 else STREAM_CHUNK_CODES
 
 
 async def stream_code2wav(stage, request_id: str, upstream, params, emit) -> dict[str, Any]:
@@ -59,10 +65,10 @@ async def stream_code2wav(stage, request_id: str, upstream, params, emit) -> dic
                 codes += outputs["codec_tokens"].tolist()
             if final:
                 codes = outputs["codec_tokens"].tolist()  # the whole, cut at the end code
-            while len(codes) - kept >= STREAM_CHUNK_CODES + (
+            while len(codes) - kept >= (chunk := chunk_size(kept)) + (
                 0 if final else STREAM_LOOKAHEAD_CODES
             ):
-                submit(kept + STREAM_CHUNK_CODES)
+                submit(kept + chunk)
             if final and len(codes) > kept:
                 submit(len(codes))
             await deliver(block=False)
