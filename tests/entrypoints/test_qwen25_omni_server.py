@@ -91,6 +91,45 @@ def test_text_and_wav(client, reference_text):
     assert abs(samples).max() > 0
 
 
+def test_image_and_audio_parts(client, tiny_models):
+    # Parsed and rendered by vLLM's chat API in the thinker stage: the prompt holds as many tokens
+    # as transformers' processor gives the same message (the 4x8-patch image's 8, the audio's).
+    import io
+
+    import soundfile
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    gen = torch.Generator().manual_seed(2)
+    image = Image.fromarray((torch.rand(56, 112, 3, generator=gen) * 255).byte().numpy())
+    png, wav = io.BytesIO(), io.BytesIO()
+    image.save(png, format="PNG")
+    samples = (torch.rand(16000, generator=gen) * 0.2 - 0.1).numpy()
+    soundfile.write(wav, samples, 16000, format="WAV", subtype="FLOAT")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    sound = {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}
+    question = {"type": "text", "text": "What do you see and hear?"}
+    content = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "input_audio", "input_audio": sound},
+    ]
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content + [question]}],
+        modalities=["text", "audio"],
+        audio={"voice": "Chelsie", "format": "wav"},
+        **GREEDY,
+    )
+    message = reply.choices[0].message
+    assert message.audio.transcript
+    assert len(audio_samples(base64.b64decode(message.audio.data), "wav")) > 0
+    processor = AutoProcessor.from_pretrained(tiny_models["qwen2.5-omni"])
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "audio"}, question]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=[image], audio=[samples], return_tensors="pt")
+    assert reply.usage.prompt_tokens == inputs["input_ids"].shape[1]
+
+
 def test_streamed_pcm16(client, reference_text):
     kwargs = dict(model=MODEL, messages=MESSAGES, modalities=["text", "audio"], **GREEDY)
     whole = client.chat.completions.create(audio={"voice": "Chelsie", "format": "pcm16"}, **kwargs)
