@@ -12,17 +12,14 @@ batch gets), so the reference is a batch with one left-padded row and the unpadd
 
 from __future__ import annotations
 
-import base64
-import io
-
 import pytest
 import torch
-from PIL import Image
 from vllm import SamplingParams
 
 from vllm_omni import Code2WavParams, OmniLLM
 
 from ..hf_reference import one_thread
+from ..media import audio_part, image_part
 
 pytestmark = pytest.mark.engine
 
@@ -143,13 +140,8 @@ def test_image_prompt_text_and_codes_match_transformers(omni, hf, tiny_models):
     # height/width positions (a 4x8 patch grid here), so 1-D positions would change the codes.
     from transformers import AutoProcessor
 
-    gen = torch.Generator().manual_seed(0)
-    image = Image.fromarray((torch.rand(56, 112, 3, generator=gen) * 255).byte().numpy())
-    png = io.BytesIO()
-    image.save(png, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    image, picture = image_part(torch.Generator().manual_seed(0))
     question = {"type": "text", "text": "What is this?"}
-    picture = {"type": "image_url", "image_url": {"url": url}}
     messages = [{"role": "user", "content": [picture, question]}]
     request = {"messages": messages, "voice": "Chelsie"}
     out = omni.generate(request, stage_params(), use_tqdm=False)[0]
@@ -170,18 +162,11 @@ def test_image_prompt_text_and_codes_match_transformers(omni, hf, tiny_models):
 def test_audio_prompt_text_and_codes_match_transformers(omni, hf, tiny_models):
     # vLLM decodes the message's WAV (soundfile) and extracts Whisper features as transformers'
     # processor does; the talker's positions are the thinker's (1-D for audio tokens).
-    import soundfile
     from transformers import AutoProcessor
 
-    gen = torch.Generator().manual_seed(1)
-    samples = (torch.rand(16000, generator=gen) * 0.2 - 0.1).numpy()  # 1 s at 16 kHz
-    wav = io.BytesIO()
-    soundfile.write(wav, samples, 16000, format="WAV", subtype="FLOAT")  # exact samples
-    sound = {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}
+    samples, clip = audio_part(torch.Generator().manual_seed(1))  # 1 s at 16 kHz
     question = {"type": "text", "text": "What is this?"}
-    messages = [
-        {"role": "user", "content": [{"type": "input_audio", "input_audio": sound}, question]}
-    ]
+    messages = [{"role": "user", "content": [clip, question]}]
     request = {"messages": messages, "voice": "Ethan"}
     out = omni.generate(request, stage_params(voice="Ethan"), use_tqdm=False)[0]
 

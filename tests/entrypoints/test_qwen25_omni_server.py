@@ -14,6 +14,7 @@ import torch
 from vllm_omni.entrypoints.openai.speech_chat import audio_samples
 
 from ..hf_reference import one_thread
+from ..media import audio_part, image_part
 from ..server import BIN, ServerProcess
 
 pytestmark = pytest.mark.engine
@@ -94,25 +95,13 @@ def test_text_and_wav(client, reference_text):
 def test_image_and_audio_parts(client, tiny_models):
     # Parsed and rendered by vLLM's chat API in the thinker stage: the prompt holds as many tokens
     # as transformers' processor gives the same message (the 4x8-patch image's 8, the audio's).
-    import io
-
-    import soundfile
-    from PIL import Image
     from transformers import AutoProcessor
 
     gen = torch.Generator().manual_seed(2)
-    image = Image.fromarray((torch.rand(56, 112, 3, generator=gen) * 255).byte().numpy())
-    png, wav = io.BytesIO(), io.BytesIO()
-    image.save(png, format="PNG")
-    samples = (torch.rand(16000, generator=gen) * 0.2 - 0.1).numpy()
-    soundfile.write(wav, samples, 16000, format="WAV", subtype="FLOAT")
-    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
-    sound = {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}
+    image, picture = image_part(gen)
+    samples, clip = audio_part(gen)
     question = {"type": "text", "text": "What do you see and hear?"}
-    content = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "input_audio", "input_audio": sound},
-    ]
+    content = [picture, clip]
     reply = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": content + [question]}],

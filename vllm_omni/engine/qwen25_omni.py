@@ -160,7 +160,7 @@ class TalkerPrompt:
     ids: list[int]  # the talker's prompt token ids (codec mask, pad, start)
     rows: torch.Tensor  # conditioning, one row per position (see talker_input)
     codec_from: int  # positions before it leave out the codec embedding
-    positions: torch.Tensor | None  # [3, thinker prompt] M-RoPE positions, if the thinker has them
+    positions: torch.Tensor | None  # [3, thinker prompt] M-RoPE positions, where not 1-D
 
 
 def talker_input(
@@ -175,13 +175,16 @@ def talker_input(
     the codec start; then, one per generated code, the remaining reply tokens, the text-end and
     text-pad embeddings (the last repeats). With `finished` False (the thinker is still writing)
     the rows end at its newest token. `states` rows are [hidden | embedding], followed by the
-    token's 3 M-RoPE positions when the thinker has them (vllm_omni.worker.hidden_states)."""
+    token's 3 M-RoPE positions when the thinker has them (vllm_omni.worker.hidden_states); the
+    prompt's positions are kept only where they differ from plain 1-D ones (images, video)."""
     width = specials.text_eos.shape[-1]  # the thinker's hidden size
     states = states.float()
     thinker = states[:, :width] + states[:, width : 2 * width]  # hidden + token embedding
     positions = None
     if states.shape[1] > 2 * width:
         positions = states[:num_prompt, 2 * width :].T.round().long()
+        if torch.equal(positions, torch.arange(num_prompt).expand_as(positions)):
+            positions = None  # a text or audio prompt: 1-D positions say the same
     prompt, reply = thinker[:num_prompt], thinker[num_prompt:]
     ends = [specials.text_eos[None], specials.text_pad[None]] if finished else []
     rows = torch.cat([prompt, specials.voices[voice][None], reply, *ends])

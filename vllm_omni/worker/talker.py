@@ -101,10 +101,6 @@ class TalkerWorkerMixin:
             if payload is None:
                 return None
             rows, codec_from, positions = decode_payload(payload)
-            if positions is not None and torch.equal(
-                positions, torch.arange(positions.shape[1]).expand_as(positions)
-            ):
-                positions = None  # a text or audio prompt: 1-D positions say the same
             self._payloads[req_id] = (rows.to(self.model_runner.device), codec_from, positions)
         return self._payloads[req_id]
 
