@@ -94,8 +94,9 @@ def ray_cluster() -> Iterator[str]:
     before = os.environ.get("RAY_ADDRESS")
     cluster = Cluster()
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={RAY_RESOURCE: 1}, include_dashboard=False)
+        for i in range(2):  # `test_node_<i>`: a resource that pins an actor to node i
+            resources = {RAY_RESOURCE: 1, f"test_node_{i}": 1}
+            cluster.add_node(num_cpus=1, resources=resources, include_dashboard=False)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         os.environ["RAY_ADDRESS"] = cluster.address

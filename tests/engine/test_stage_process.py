@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Omni stages on Ray (`backend: ray`), on the local two-node cluster of tests/conftest.py:
-the DiT stage's loop in a Ray actor, the text encoder's worker through vLLM's Ray executor.
+the DiT stage's loop and the text encoder's whole vLLM engine each in a Ray actor.
 Same images as diffusers' pipeline (as the local run gives), a killed actor fails its requests
 fast and shows as a dead stage, and nothing stays behind."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -30,8 +31,10 @@ def test_backend_and_resources_are_validated():
         StageConfig(**base, backend="k8s")
     with pytest.raises(ValueError, match="resources.GPU: must be a number >= 0"):
         StageConfig(**base, backend="ray", resources={"GPU": -1})
-    with pytest.raises(ValueError, match="executor: an AR stage with backend 'ray'"):
-        StageConfig(name="lm", engine_type="AR", model="/m", executor="mp", backend="ray")
+    # An AR stage's engine runs in its actor; its workers are the actor's processes (mp) or
+    # Ray actors of their own (vLLM's Ray executor).
+    for executor in ("mp", "ray"):
+        StageConfig(name="lm", engine_type="AR", model="/m", executor=executor, backend="ray")
     assert StageConfig(**base, backend="ray", resources={"GPU": 1}).resources == {"GPU": 1}
 
 
@@ -58,9 +61,11 @@ def test_stages_on_ray_match_diffusers_and_fail_fast(tiny_models, ray_cluster):
     try:
         dit = omni.engine.stages["dit"]
         assert dit.pid is None and dit.is_alive  # not a local process
+        encoder = omni.engine.stages["text_encoder"]
+        assert encoder.is_alive and encoder.placement["pid"] != os.getpid()
         actors = _stage_actors()
-        assert any(name.startswith("vllm_omni-stage-dit-") for name in actors), actors
-        assert len(actors) >= 2, actors  # the DiT stage and the text encoder's vLLM worker
+        for stage in ("dit", "text_encoder"):
+            assert any(name.startswith(f"vllm_omni-stage-{stage}-") for name in actors), actors
 
         pipe = load_pipeline(model)
         outputs = omni.generate([p for p, _ in CASES], [s for _, s in CASES], use_tqdm=False)

@@ -11,6 +11,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.engine.ar_stage import ARStage
+from vllm_omni.engine.ray_ar_stage import RayARStage, make_ar_stage
 from vllm_omni.entrypoints.cli.serve import OmniServeCommand, server_config
 
 
@@ -66,8 +67,10 @@ def test_stage_backend_puts_every_stage_on_ray(tmp_path) -> None:
     config = server_config(_args(str(tmp_path), "--stage-backend", "ray", "--enforce-eager"))
     graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
     assert {stage.backend for stage in graph.stages} == {"ray"}
+    # The engine runs in the stage's actor, its workers as the actor's processes.
+    assert isinstance(make_ar_stage(graph["text_encoder"]), RayARStage)
     engine_args = ARStage(graph["text_encoder"]).engine_args()
-    assert engine_args["distributed_executor_backend"] == "ray" and engine_args["enforce_eager"]
+    assert "distributed_executor_backend" not in engine_args and engine_args["enforce_eager"]
 
 
 @pytest.mark.parametrize(

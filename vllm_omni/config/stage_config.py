@@ -61,12 +61,12 @@ class StageConfig:
     """Start as soon as the (single) source starts, reading its partial outputs as they come
     (`inputs["upstream"]`, see vllm_omni.engine.upstream), instead of after it finishes."""
     backend: str = "local"
-    """Where the stage computes: `local` (processes on this machine) or `ray` (a DiT stage's
-    loop in a Ray actor placed by `resources`; an AR stage's engine with its workers on Ray,
-    i.e. `distributed_executor_backend="ray"`). docs/distributed.md."""
+    """Where the stage computes: `local` (processes on this machine) or `ray` (the stage in a Ray
+    actor placed by `resources`: a DiT stage's loop, or an AR stage's whole vLLM engine with its
+    processor; `executor: ray` also puts an AR stage's workers on Ray). docs/distributed.md."""
     resources: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1})
-    """Ray resources a DiT stage's actor needs ("CPU", "GPU" or custom names): they choose its
-    node. Only with `backend: ray`."""
+    """Ray resources a stage's actor needs ("CPU", "GPU" or custom names): they choose its node.
+    Only with `backend: ray`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -112,15 +112,6 @@ class StageConfig:
         for key, amount in self.resources.items():
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
                 raise ValueError(f"resources.{key}: must be a number >= 0, got {amount!r}")
-        if (
-            self.backend == "ray"
-            and self.engine_type == "AR"
-            and self.executor not in ("auto", "ray")
-        ):
-            raise ValueError(
-                f"executor: an AR stage with backend 'ray' runs its workers on Ray; "
-                f"got executor {self.executor!r}"
-            )
         if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
             raise ValueError(f"max_inflight: must be an integer >= 1, got {self.max_inflight!r}")
         if self.engine_type == "DiT":

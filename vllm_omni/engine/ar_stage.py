@@ -61,8 +61,6 @@ class ARStage:
             args.setdefault("tokenizer", self.config.tokenizer)
         if self.config.executor != "auto":
             args["distributed_executor_backend"] = self.config.executor
-        if self.config.backend == "ray":
-            args["distributed_executor_backend"] = "ray"
         if self.config.scheduler == "cpp":
             from vllm_omni.cpp.engine_args import cpp_engine_args
 
@@ -197,6 +195,8 @@ class ARStage:
             out["kv_cache_memory_bytes"] = (
                 self.engine.vllm_config.cache_config.kv_cache_memory_bytes
             )
+            # Requests the engine holds now (its last step's counts below may be older).
+            out["num_unfinished"] = self.engine.output_processor.get_num_unfinished_requests()
         last = self._scheduler_stats
         if last is not None:
             out.update(

@@ -25,6 +25,7 @@ from vllm_omni.diffusion.code2wav import (
     STREAM_LEFT_CODES,
     STREAM_LOOKAHEAD_CODES,
 )
+from vllm_omni.engine.dit_stage import as_tensor
 
 
 def chunk_size(kept: int) -> int:
@@ -53,7 +54,7 @@ async def stream_code2wav(stage, request_id: str, upstream, params, emit) -> dic
     async def deliver(block: bool) -> None:
         nonlocal sent
         while sent < len(jobs) and (block or jobs[sent].done()):
-            audio = torch.from_numpy(await jobs[sent])
+            audio = as_tensor(await jobs[sent])
             pieces.append(audio)
             sent += 1
             if emit is not None and len(audio):

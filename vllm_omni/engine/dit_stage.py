@@ -38,6 +38,12 @@ class DiTStageError(RuntimeError):
     pass
 
 
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over a stage's result; a copy if the array is read-only (a Ray actor's result,
+    mapped from the object store), which torch would share without guarding it."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
 class DiTStage:
     engine_type = "DiT"
 
@@ -86,7 +92,8 @@ class DiTStage:
         self._loop = asyncio.get_running_loop()
         self._ready = self._loop.create_future()
         start = time.perf_counter()
-        self._process = start_stage_process(
+        self._process = await asyncio.to_thread(  # a Ray actor may wait to be placed
+            start_stage_process,
             self.name,
             self.dit_config,
             self.config.scheduler,
@@ -175,9 +182,9 @@ class DiTStage:
         result = await self.submit(request_id, inputs, params)
         self.num_finished += 1
         if self.is_code2wav:
-            return {"audio": torch.from_numpy(result), "sample_rate": self.info["sample_rate"]}
+            return {"audio": as_tensor(result), "sample_rate": self.info["sample_rate"]}
         if isinstance(result, np.ndarray) and result.dtype != np.uint8:
-            return {"latents": torch.from_numpy(result)}
+            return {"latents": as_tensor(result)}
         return {"image": result}
 
     async def submit(self, request_id: str, inputs: dict[str, Any], params) -> Any:

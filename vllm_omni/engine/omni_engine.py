@@ -25,6 +25,8 @@ from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.ar_stage import ARStage
 from vllm_omni.engine.dit_stage import DiTStage
+from vllm_omni.engine.ray_ar_stage import make_ar_stage
+from vllm_omni.engine.stage_process import join_ray, leave_ray
 from vllm_omni.engine.upstream import Upstream
 from vllm_omni.logger import init_logger
 from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, StageTiming
@@ -60,7 +62,7 @@ class OmniEngine:
     def __init__(self, graph: StageGraph) -> None:
         self.graph = graph
         self.stages: dict[str, ARStage | DiTStage] = {
-            s.name: ARStage(s) if s.engine_type == "AR" else DiTStage(s) for s in graph.stages
+            s.name: make_ar_stage(s) if s.engine_type == "AR" else DiTStage(s) for s in graph.stages
         }
         self._slots = {s.name: asyncio.Semaphore(s.max_inflight) for s in graph.stages}
         self._requests: dict[str, asyncio.Task] = {}
@@ -77,7 +79,11 @@ class OmniEngine:
             else:
                 await stage.start()
 
+        on_ray = [s for s in self.graph.stages if s.backend == "ray"]
         try:
+            if on_ray:  # before the stages, which would start a Ray too small for them all
+                asked = sum(s.resources.get("CPU", 1) for s in on_ray)
+                await asyncio.to_thread(join_ray, asked)
             await asyncio.gather(*(start_stage(s) for s in self.stages.values()))
         except BaseException:
             self.shutdown()
@@ -341,3 +347,5 @@ class OmniEngine:
         for name, future in futures.items():
             if (error := future.exception()) is not None:  # the others went down all the same
                 logger.error("stage %r did not shut down cleanly", name, exc_info=error)
+        if any(s.backend == "ray" for s in self.graph.stages):
+            leave_ray()

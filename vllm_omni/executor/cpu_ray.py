@@ -54,21 +54,25 @@ def threads_per_worker(node_resources: dict[str, float]) -> int:
     return max(1, int(node_resources.get("CPU", 1)) // slots)
 
 
-def join_or_start_ray(runtime_env=None, cpu_slots: int = 1) -> None:
+def join_or_start_ray(runtime_env=None, cpu_slots: int = 1, num_cpus: float | None = None) -> bool:
     """Join the cluster of RAY_ADDRESS or the one running on this machine; with none, start a
-    single-machine Ray offering `cpu_slots` `vllm_cpu` slots. Keeps the process's SIGTERM
-    handler (vLLM's, uvicorn's), which `ray.init` replaces with a plain exit."""
+    single-machine Ray offering `cpu_slots` `vllm_cpu` slots (and `num_cpus` CPUs, by default
+    the machine's); True if it started one. Keeps the process's SIGTERM handler (vLLM's,
+    uvicorn's), which `ray.init` replaces with a plain exit."""
     main_thread = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main_thread else None
+    started = False
     try:
         ray.init(address="auto", runtime_env=runtime_env)
     except ConnectionError:
         if os.environ.get("RAY_ADDRESS"):
             raise  # the user named a cluster: do not quietly run without it
         logger.info("CPU Ray executor: no Ray cluster found, starting one on this machine")
-        ray.init(runtime_env=runtime_env, resources={RAY_RESOURCE: cpu_slots})
+        ray.init(runtime_env=runtime_env, num_cpus=num_cpus, resources={RAY_RESOURCE: cpu_slots})
+        started = True
     if handler is not None:
         signal.signal(signal.SIGTERM, handler)
+    return started
 
 
 def _unlink_attached(memory) -> None:

@@ -58,9 +58,9 @@ class OmniServeCommand(ServeSubcommand):
             "--stage-backend",
             choices=("local", "ray"),
             default=None,
-            help="where every stage computes: local processes, or Ray (DiT stages as actors, AR "
-            "stages' workers through vLLM's Ray executor; docs/distributed.md). Default: the "
-            "stage graph's own setting (local)",
+            help="where every stage computes: local processes, or Ray (each stage in an actor: "
+            "a DiT stage's loop, an AR stage's whole vLLM engine; docs/distributed.md). "
+            "Default: the stage graph's own setting (local)",
         )
         omni.add_argument(
             "--dit-cache",
