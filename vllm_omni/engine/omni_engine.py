@@ -82,8 +82,8 @@ class OmniEngine:
         on_ray = [s for s in self.graph.stages if s.backend == "ray"]
         try:
             if on_ray:  # before the stages, which would start a Ray too small for them all
-                asked = sum(s.resources.get("CPU", 1) for s in on_ray)
-                await asyncio.to_thread(join_ray, asked)
+                # On this thread, the server's main one: joining keeps its SIGTERM handler.
+                join_ray(sum(s.resources.get("CPU", 1) for s in on_ray))
             await asyncio.gather(*(start_stage(s) for s in self.stages.values()))
         except BaseException:
             self.shutdown()
