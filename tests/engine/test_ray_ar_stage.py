@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -67,6 +68,16 @@ def _stage_actors() -> list[str]:
 
 def _engine_processes(stage: RayARStage) -> list[psutil.Process]:
     return psutil.Process(stage.placement["pid"]).children(recursive=True)
+
+
+def _shared_memory_of(processes: list[psutil.Process]) -> set[Path]:
+    """The shared memory (Python's and multiprocessing's) these processes have mapped."""
+    paths = {Path(m.path) for p in processes for m in p.memory_maps(grouped=True)}
+    return {
+        path
+        for path in paths
+        if path.parent == Path("/dev/shm") and path.name.startswith(("psm_", "sem.mp-"))
+    }
 
 
 def _gone(processes: list[psutil.Process], timeout_s: float = 20.0) -> bool:
@@ -197,6 +208,7 @@ def test_a_killed_actor_fails_its_request_fast_and_nothing_stays(omni):
 
     talker = omni.engine.stages["talker"]
     engine_processes = _engine_processes(talker)
+    shared_memory = _shared_memory_of(engine_processes)
     events: list = []
 
     async def doomed():
@@ -209,6 +221,10 @@ def test_a_killed_actor_fails_its_request_fast_and_nothing_stays(omni):
         omni._call(doomed())
     assert omni.engine.dead_stages() == ["talker"]
     assert _gone(engine_processes)  # the engine core went with its actor
+    # What the killed engine would have unlinked (vLLM's queues to its worker, ~400 MiB here,
+    # docs/distributed.md): gone here, so that test runs do not fill /dev/shm.
+    for path in shared_memory:
+        path.unlink(missing_ok=True)
 
     processes = [p for s in ("thinker",) for p in _engine_processes(omni.engine.stages[s])]
     omni.shutdown()
