@@ -129,6 +129,17 @@ def test_text_codes_and_waveform_match_transformers(omni, hf):  # noqa: F811
     assert stats["thinker"]["num_finished"] >= 1 and stats["talker"]["num_finished"] >= 1
 
 
+@pytest.mark.engine
+def test_the_engines_own_errors_come_back_as_they_are(omni):
+    from vllm.exceptions import VLLMValidationError
+
+    long_prompt = "<|im_start|>user\n" + "hello " * 3000 + "<|im_end|>\n"
+    with pytest.raises(VLLMValidationError, match="maximum context length") as error:
+        omni.generate({"prompt": long_prompt}, stage_params(), use_tqdm=False)
+    assert "Traceback" not in str(error.value) and "ray::" not in str(error.value)
+    assert not omni.engine.dead_stages()
+
+
 def _long_params(talker_tokens: int) -> dict:
     from vllm import SamplingParams
 

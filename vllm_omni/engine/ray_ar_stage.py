@@ -46,6 +46,20 @@ class ARStageError(RuntimeError):
     pass
 
 
+def _portable(error: Exception) -> Exception:
+    """An error a call can raise to the orchestrator: what a call raises travels pickled, and
+    some errors cannot be (pydantic's, on a bad engine argument); those become the same kind
+    of error, with their message."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        kind = ValueError if isinstance(error, ValueError) else RuntimeError
+        return kind(f"{type(error).__name__}: {error}")
+
+
 def _drain(queue: asyncio.Queue) -> list:
     items = []
     while not queue.empty():
@@ -76,10 +90,7 @@ class ARStageActor:
         try:
             await asyncio.to_thread(self.stage.start)
         except Exception as e:
-            # What a call raises travels pickled, and some errors cannot be (pydantic's, on a
-            # bad engine argument): the same kind of error, with the message.
-            kind = ValueError if isinstance(e, ValueError) else RuntimeError
-            raise kind(f"{type(e).__name__}: {e}") from None
+            raise _portable(e) from None
         asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
@@ -113,6 +124,8 @@ class ARStageActor:
                     getter.cancel()
             if not deltas.empty():
                 yield "deltas", _drain(deltas)
+            if not task.cancelled() and task.exception() is not None:
+                raise _portable(task.exception())
             yield "output", task.result()
         finally:
             task.cancel()
@@ -195,7 +208,7 @@ class RayARStage(ARStage):
         params: Any,
         emit: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayTaskError
 
         upstream = inputs.get("upstream")
         sent = {k: v for k, v in inputs.items() if k != "upstream"}
@@ -216,6 +229,10 @@ class RayARStage(ARStage):
                     out, finished = data, True
         except RayActorError as e:
             raise self._died(e) from e
+        except RayTaskError as e:  # the stage's own error (e.g. a prompt too long), as is
+            if isinstance(e.cause, Exception):
+                raise e.cause from None
+            raise
         finally:
             if not finished:  # cancelled, or failed here: frees its KV blocks there
                 self.actor.abort.remote(request_id)
@@ -226,8 +243,11 @@ class RayARStage(ARStage):
         return out
 
     async def _forward(self, request_id: str, upstream) -> None:
-        async for outputs, final in upstream:
-            await self._get(self.actor.feed.remote(request_id, outputs, final))
+        try:
+            async for outputs, final in upstream:
+                await self._get(self.actor.feed.remote(request_id, outputs, final))
+        except ARStageError:
+            pass  # the actor died: the request's own call reports it
 
     async def _get(self, ref) -> Any:
         from ray.exceptions import RayActorError
