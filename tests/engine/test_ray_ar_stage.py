@@ -45,6 +45,7 @@ def test_an_actor_no_node_can_place_fails_naming_its_resources(ray_cluster, monk
     assert not stage.is_alive
 
 
+@pytest.mark.engine  # the actor builds vLLM's engine config
 def test_a_bad_engine_argument_fails_the_start_naming_it(tiny_models, ray_cluster):
     stage = RayARStage(
         StageConfig(
