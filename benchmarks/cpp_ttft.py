@@ -46,7 +46,8 @@ PLAIN_PP2 = "plain PP=2"
 QUIET_S = 1.5
 """Pause before each timed prefill. vLLM's shared-memory queue readers busy-loop for 1 s after
 each message, so the engine that ran last would otherwise spin its workers on the same cores
-for the first second of the other engine's run."""
+for the first second of the other engine's run (vllm_omni's `cpu_shm_reader_nap` patch cuts
+the spin to 5 ms; the pause stays for runs without the plugin)."""
 
 
 @dataclass

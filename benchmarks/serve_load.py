@@ -5,10 +5,11 @@
 
 Starts `vllm-omni serve <tiny Qwen-Image> --enforce-eager` on loopback (or uses --url), warms
 it up, then sends the requests with the official openai client while a second thread polls
-/health. Reports throughput, P50/P99 latency, errors, /health availability and the server's
-memory before and after the run: its own process, and with its stage processes, as RSS (which
-counts the libraries every process maps once per process) and as PSS (each shared page split
-among the processes that map it: what the server tree adds to the machine's memory use).
+/health. Reports throughput, P50/P99 latency, errors, /health availability, the CPU time each of
+the server's processes used during the run, and the server's memory before and after it: its own
+process, and with its stage processes, as RSS (which counts the libraries every process maps
+once per process) and as PSS (each shared page split among the processes that map it: what the
+server tree adds to the machine's memory use).
 
 `--compare-generation-kv` runs a second server after the first, whose text encoder has the KV
 cache a generating stage would get (the CPU default of 4 GiB, the model's 8K context), and
@@ -82,6 +83,20 @@ def memory_mib(pid: int) -> dict[str, float]:
         "server_pss": info[pid].pss / 2**20,
         "with_stages_pss": sum(i.pss for i in info.values()) / 2**20,
     }
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU time (user + system) of the server and each of its descendants, by process name."""
+    out: dict[str, float] = {}
+    proc = psutil.Process(pid)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            times, name = p.cpu_times(), p.name()
+        except psutil.NoSuchProcess:
+            continue
+        name = "server" if p.pid == pid else name
+        out[name] = out.get(name, 0.0) + times.user + times.system
+    return out
 
 
 class HealthPoller(threading.Thread):
@@ -168,6 +183,7 @@ def run_one(args, url: str | None, model: str | None, extra: list[str] = ()) -> 
     try:
         run_load(client, args.warmup, args, offset=10**6)
         mem_before = memory_mib(pid) if pid else unknown
+        cpu_before = cpu_seconds(pid) if pid else {}
         poller = HealthPoller(url)
         poller.start()
         start = time.monotonic()
@@ -175,6 +191,7 @@ def run_one(args, url: str | None, model: str | None, extra: list[str] = ()) -> 
         wall = time.monotonic() - start
         poller.stop()
         mem_after = memory_mib(pid) if pid else unknown
+        cpu = {k: v - cpu_before.get(k, 0.0) for k, v in (cpu_seconds(pid) if pid else {}).items()}
     finally:
         if proc is not None:
             proc.terminate()
@@ -194,6 +211,7 @@ def run_one(args, url: str | None, model: str | None, extra: list[str] = ()) -> 
         "health_ok": poller.ok,
         "health_failed": poller.failed,
         "health_max_latency_s": poller.max_latency_s,
+        "cpu_s_during_run": cpu,  # by process name (the server's own: "server")
         "memory_mib_before": mem_before,
         "memory_mib_after": mem_after,
         "memory_growth_pct": {
@@ -214,6 +232,8 @@ def run_one(args, url: str | None, model: str | None, extra: list[str] = ()) -> 
     )
     b, a = mem_before, mem_after
     if pid:
+        busy = ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(cpu.items()))
+        print(f"CPU seconds during the run ({wall:.1f} s wall): {busy}")
         print(
             f"memory after warm-up -> after run, MiB: server RSS {b['server_rss']:.0f} -> "
             f"{a['server_rss']:.0f}; with stage processes RSS {b['with_stages_rss']:.0f} -> "

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every vLLM patch still matches the vLLM function it wraps, and takes effect."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -88,3 +91,60 @@ def test_cpp_deepens_the_batch_queue_only_for_cpp_engines():
     assert config(2, {"cpp": {}}) == 3
     assert config(4, {"cpp": {"lookahead_steps": 0}}) == 4
     assert config(1, {"cpp": {}}) == 1
+
+
+def test_shm_reader_naps_after_a_short_spin():
+    calls = []
+
+    def original(self, timeout_ms=None):
+        calls.append((self.busy_loop_s, timeout_ms))
+
+    wait = _patches._wrap_shm_wait(original)
+
+    class Condition:
+        busy_loop_s = 1.0
+        last_read = 0.0
+
+    c = Condition()
+    c.last_read = time.monotonic()  # just read: spins as vLLM does
+    wait(c, None)
+    c.last_read = time.monotonic() - 0.1  # inside vLLM's busy window: a bounded sleep
+    wait(c, None)
+    wait(c, 5000)
+    wait(c, 3)
+    c.last_read = time.monotonic() - 5  # idle: vLLM's own wait
+    wait(c, 5000)
+    nap = _patches.SHM_NAP_MS
+    assert calls == [(1.0, None), (0.0, nap), (0.0, nap), (0.0, 3), (1.0, 5000)]
+    assert c.busy_loop_s == 1.0
+
+
+def test_shm_queue_reader_sleeps_while_it_waits():
+    # A real vLLM message queue: between messages its reader thread stays off the CPU (vLLM
+    # alone spins for 1 s after each read), and still gets the next message at once.
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    plugin.register()
+    writer = MessageQueue(n_reader=1, n_local_reader=1)
+    handle = writer.export_handle()
+    seen = []
+
+    def read() -> None:
+        reader = MessageQueue.create_from_handle(handle, 0)
+        reader.wait_until_ready()
+        for _ in range(2):
+            cpu, wall = time.thread_time(), time.monotonic()
+            message = reader.dequeue()
+            seen.append((message, time.thread_time() - cpu, time.monotonic() - wall))
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    writer.wait_until_ready()
+    writer.enqueue("first")
+    time.sleep(0.6)
+    writer.enqueue("second")
+    thread.join(timeout=10)
+    assert [m for m, _, _ in seen] == ["first", "second"]
+    _, cpu_s, wall_s = seen[1]
+    assert 0.5 < wall_s < 3  # it waited for the message, and was not left to vLLM's 5 s recheck
+    assert cpu_s < 0.15, f"the reader spun: {cpu_s:.2f} s of CPU in {wall_s:.2f} s"
