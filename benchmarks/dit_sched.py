@@ -12,13 +12,14 @@ image size per step). Both servers get the same trace; `--orders 2` runs them in
 Trace (`--requests`, Poisson arrivals): 75% small images (64x64, 4-8 steps) and 25% large ones
 (192x192, 20-30 steps). Each request's latency SLO is `--slo-x` times its class's unloaded latency
 (measured on the first server before the trace, one request at a time; every run uses the same
-SLOs), sent as `latency_slo_ms`. The arrival rate is `--load` times what the server finishes one
-request at a time (1 / the mean unloaded latency of the mix), so that the load is the same on a
-machine twice as fast (this VM's speed varies that much from day to day); `--rate` fixes it
-instead. Reported per policy: SLO attainment (finished within the SLO), goodput (such requests per
-second of trace), P50/P99 latency of each class, the largest latency (starvation: every request
-must finish), and errors; with `--repeats`, the median of each over the runs, and the ratios as
-geometric means over the pairs (the policies alternate: AB BA AB ...).
+SLOs; `--slo-ms` fixes them instead), sent as `latency_slo_ms`. The arrival rate is `--load`
+times what the server finishes one request at a time (1 / the mean unloaded latency of the
+mix), so that the load is the same on a machine twice as fast (this VM's speed varies that
+much from day to day); `--rate` fixes it instead. Reported per policy: SLO attainment
+(finished within the SLO), goodput (such requests per second of trace), P50/P99 latency of
+each class, the largest latency (starvation: every request must finish), and errors; with
+`--repeats`, the median of each over the runs, and the ratios as geometric means over the
+pairs (the policies alternate: AB BA AB ...).
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) 
             mean_s = (SMALL_SHARE * base["small"] + (1 - SMALL_SHARE) * base["large"]) / 1000
             rate = args.rate or args.load / mean_s
             shared["slo_ms"] = {kind: args.slo_x * ms for kind, ms in base.items()}
+            if args.slo_ms:  # fixed, to compare runs across invocations (and machines' days)
+                shared["slo_ms"] = dict(zip(("small", "large"), args.slo_ms))
             shared["slo_ms"]["unloaded"] = base
             shared["rate"] = rate
             shared["trace"] = make_trace(args.requests, rate, args.seed)
@@ -168,6 +171,9 @@ def main() -> None:
     )
     parser.add_argument("--rate", type=float, help="arrivals per second (instead of --load)")
     parser.add_argument("--slo-x", type=float, default=3.0, help="SLO = x * unloaded latency")
+    parser.add_argument(
+        "--slo-ms", type=float, nargs=2, metavar=("SMALL", "LARGE"), help="fixed SLOs instead"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="runs per policy, alternating")
     parser.add_argument("--json", type=Path)

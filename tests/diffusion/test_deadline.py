@@ -218,3 +218,25 @@ def test_refusal_crosses_the_process_boundary_as_its_own_error() -> None:
             future.result()
     finally:
         loop.close()
+
+
+def test_decodes_are_priced_apart_from_steps() -> None:
+    # A step that ends requests also decodes them: its denoising seconds price the row-step,
+    # the decode's price the shape's decode, which every request still has ahead of it.
+    s = _scheduler(max_num_seqs=2)
+    s.add_request(_request("a", size=256, steps=1, slo_s=60))
+    s.add_request(_request("b", size=256, steps=3, slo_s=60))
+    out = s.schedule()
+    for rid in out.new_request_ids:
+        s.cache.allocate(rid, {"latents": torch.zeros(25)})
+    assert sorted(out.groups[0]) == ["a", "b"]
+    s.update_from_output(out, DiTRunnerOutput({"a": "image"}, [2 * 0.16], [0.5]))
+    assert s.costs.row_step((256, 256)) == pytest.approx(0.16)  # the decode is not a step
+    assert s.costs.decode_s((256, 256)) == pytest.approx(0.5)
+    b = s.requests["b"]
+    assert s.costs.remaining_s(b) == pytest.approx(2 * 0.16 + 0.5)
+    assert s.costs.step_s(b) == pytest.approx(0.16)  # not its last step yet
+    b.num_steps_done = 2
+    assert s.costs.step_s(b) == pytest.approx(0.16 + 0.5)
+    # a size never decoded is priced by its pixels, like its steps
+    assert s.costs.decode_s((64, 64)) == pytest.approx(0.5 / 16)

@@ -43,31 +43,56 @@ def rows_of(request: DiTRequest) -> int:
 
 
 class StepCostModel:
-    """Seconds per row-step of each shape, from the measured wall time of batched steps. A
-    shape never measured is priced from measured ones by its pixel count (0 before any)."""
+    """Seconds per row-step of each shape, from the measured wall time of batched steps, and
+    seconds of the VAE decode that ends a request of each shape (a decode of a batch counts
+    once: it costs about what one image's does on a CPU, and it holds up every request behind
+    it as long). A shape never measured is priced from measured ones by its pixel count (0
+    before any)."""
 
     def __init__(self) -> None:
         self.row_seconds: dict[tuple, float] = {}
+        self.decode_seconds: dict[tuple, float] = {}
 
     def observe(self, shape: tuple, rows: int, seconds: float) -> None:
-        if rows <= 0 or seconds <= 0:
-            return
-        value = seconds / rows
-        old = self.row_seconds.get(shape)
-        self.row_seconds[shape] = value if old is None else (1 - EMA) * old + EMA * value
+        if rows > 0 and seconds > 0:
+            _update(self.row_seconds, shape, seconds / rows)
+
+    def observe_decode(self, shape: tuple, seconds: float) -> None:
+        if seconds > 0:
+            _update(self.decode_seconds, shape, seconds)
 
     def row_step(self, shape: tuple) -> float:
-        if shape in self.row_seconds:
-            return self.row_seconds[shape]
-        known = [(s, v) for s, v in self.row_seconds.items() if _pixels(s)]
-        if not known or not _pixels(shape):
-            return 0.0
-        per_pixel = max(v / _pixels(s) for s, v in known)
-        return per_pixel * _pixels(shape)
+        return _priced(self.row_seconds, shape)
+
+    def decode_s(self, shape: tuple) -> float:
+        return _priced(self.decode_seconds, shape)
+
+    def step_s(self, request: DiTRequest) -> float:
+        """What advancing `request` by one step adds to an engine step (its decode too, if it
+        is the last)."""
+        last = request.num_steps - request.num_steps_done <= 1
+        shape = request.shape_key
+        return rows_of(request) * self.row_step(shape) + (self.decode_s(shape) if last else 0.0)
 
     def remaining_s(self, request: DiTRequest) -> float:
+        """Its remaining denoising steps, then its decode."""
         steps = request.num_steps - request.num_steps_done
-        return steps * rows_of(request) * self.row_step(request.shape_key)
+        shape = request.shape_key
+        return steps * rows_of(request) * self.row_step(shape) + self.decode_s(shape)
+
+
+def _update(values: dict[tuple, float], shape: tuple, value: float) -> None:
+    old = values.get(shape)
+    values[shape] = value if old is None else (1 - EMA) * old + EMA * value
+
+
+def _priced(values: dict[tuple, float], shape: tuple) -> float:
+    if shape in values:
+        return values[shape]
+    known = [(s, v) for s, v in values.items() if _pixels(s)]
+    if not known or not _pixels(shape):
+        return 0.0
+    return max(v / _pixels(s) for s, v in known) * _pixels(shape)
 
 
 def _pixels(shape: tuple) -> int:

@@ -89,8 +89,8 @@ class DiffusersPipelineExecutor:
         if scheduled.mode == "step":
             for request_id in scheduled.new_request_ids:
                 self.model_runner.prepare(requests[request_id])
-            finished, seconds = self.model_runner.execute_steps(groups)
-            return DiTRunnerOutput(finished=finished, step_seconds=seconds)
+            finished, seconds, decode_seconds = self.model_runner.execute_steps(groups)
+            return DiTRunnerOutput(finished, seconds, decode_seconds)
         out = DiTRunnerOutput()
         for request_id in scheduled.new_request_ids:  # held while the call runs, for accounting
             self.model_runner.cache.allocate(request_id, requests[request_id].inputs)

@@ -80,10 +80,12 @@ class DiTSchedulerOutput:
 @dataclass
 class DiTRunnerOutput:
     """`finished`: request id -> its result (images or latents). `step_seconds`: wall time of
-    each batched call, in group order (for metrics and timelines)."""
+    each batched call, in group order (for metrics and timelines); `decode_seconds`: of the VAE
+    decode that followed it, for the group's requests that finished (step mode)."""
 
     finished: dict[str, object] = field(default_factory=dict)
     step_seconds: list[float] = field(default_factory=list)
+    decode_seconds: list[float] = field(default_factory=list)
 
 
 class DiffusionScheduler:
@@ -196,7 +198,7 @@ class DiffusionScheduler:
             if shape is not None and request.shape_key != shape:
                 budget_s = min(budget_s, max(0.0, policy.slack(request, now)))
                 continue
-            cost_s = rows_of(request) * self.costs.row_step(request.shape_key)
+            cost_s = self.costs.step_s(request)
             if picked and step_s + cost_s > budget_s:
                 break
             if request.status == DiTRequestStatus.WAITING:
@@ -246,7 +248,7 @@ class DiffusionScheduler:
                 break
             if request.shape_key == shape:
                 continue  # left out of the first group on purpose (its budget)
-            cost_s = rows_of(request) * self.costs.row_step(request.shape_key)
+            cost_s = self.costs.step_s(request)
             if extra_s + cost_s > spare_s:
                 break
             if request.status == DiTRequestStatus.WAITING:
@@ -282,6 +284,9 @@ class DiffusionScheduler:
             if scheduled.mode == "step" and requests and i < len(output.step_seconds):
                 rows = sum(rows_of(r) for r in requests)
                 self.costs.observe(requests[0].shape_key, rows, output.step_seconds[i])
+                decoded = sum(1 for r in requests if r.request_id in output.finished)
+                if decoded and i < len(output.decode_seconds):
+                    self.costs.observe_decode(requests[0].shape_key, output.decode_seconds[i])
             for request_id in group:
                 request = self.requests.get(request_id)
                 if request is None:  # aborted while its step ran
