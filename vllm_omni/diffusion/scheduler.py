@@ -80,8 +80,9 @@ class DiTSchedulerOutput:
 @dataclass
 class DiTRunnerOutput:
     """`finished`: request id -> its result (images or latents). `step_seconds`: wall time of
-    each batched call, in group order (for metrics and timelines); `decode_seconds`: of the VAE
-    decode that followed it, for the group's requests that finished (step mode)."""
+    each group's call, in group order (in step mode its denoising step only: the deadline
+    policy's step prices); `decode_seconds`: of the VAE decode that followed it, for the
+    group's requests that finished (step mode)."""
 
     finished: dict[str, object] = field(default_factory=dict)
     step_seconds: list[float] = field(default_factory=list)
