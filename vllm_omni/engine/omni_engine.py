@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vllm.plugins import load_general_plugins
+
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.ar_stage import ARStage
@@ -81,6 +83,11 @@ class OmniEngine:
 
         on_ray = [s for s in self.graph.stages if s.backend == "ray"]
         try:
+            # Before the stage threads: vLLM marks its plugins loaded before it runs them, so a
+            # second stage thread would skip them and find the talker architecture unregistered
+            # while the first still registers it (seen once: a start failed with "Model
+            # architectures ['Qwen2_5OmniTalkerForCodec'] are not supported").
+            load_general_plugins()
             if on_ray:  # before the stages, which would start a Ray too small for them all
                 # On this thread, the server's main one: joining keeps its SIGTERM handler.
                 join_ray(sum(s.resources.get("CPU", 1) for s in on_ray))
