@@ -35,7 +35,7 @@ def _demand(rid, arrival, ttft, step, remaining=None, priority=0):
     return slo.PrefillDemand(rid, arrival, priority, ttft, step, remaining or step)
 
 
-def test_order_least_relative_slack_first() -> None:
+def test_order_smallest_remaining_first() -> None:
     now = 100.0
     long = _demand("long", 90.0, ttft=30.0, step=0.3, remaining=3.0)  # 10 s in, 30 s SLO
     short = _demand("short", 99.9, ttft=0.25, step=0.03)  # just arrived, tight SLO
@@ -48,6 +48,19 @@ def test_order_least_relative_slack_first() -> None:
     assert ordered[0].request_id == "vip"
     ordered = slo.order([long, short, plain], now, 0.1, 2, max_wait_s=45)
     assert ordered[0].request_id == "plain"  # waited 50 s > 45 s
+
+
+def test_a_late_long_prefill_yields_and_one_about_to_miss_goes_first() -> None:
+    now = 100.0
+    short = _demand("short", 99.5, ttft=1.0, step=0.03)  # 0.47 s of slack left
+    # Late already (deadline 99 s): it keeps its place by size; before session 18 its negative
+    # relative slack put it ahead of every short request.
+    late = _demand("late", 80.0, ttft=19.0, step=0.3, remaining=5.0)
+    assert [d.request_id for d in slo.order([late, short], now, 0.1, 2, 60)] == ["short", "late"]
+    # Can still make it (deadline 105.15 s, 5.1 s predicted) but not if it waits one more step.
+    tight = _demand("tight", 80.0, ttft=25.15, step=0.3, remaining=5.0)
+    assert 0 <= slo.slack(tight, now, 0.1, 2) < 0.1
+    assert [d.request_id for d in slo.order([short, tight], now, 0.1, 2, 60)] == ["tight", "short"]
 
 
 def test_allocate_and_cap() -> None:
@@ -121,7 +134,7 @@ def test_long_prefill_yields_to_an_urgent_short_request() -> None:
     s.waiting.extend([plain, short])
     s._allowances = s._plan_slo_step(0.1)
     assert [r.request_id for r in s.running] == ["decode", "long"]  # decodes first
-    assert [r.request_id for r in s.waiting] == ["short", "plain"]  # least slack first
+    assert [r.request_id for r in s.waiting] == ["short", "plain"]  # SLO first, then SRPT
     shared = s._slo_chunk(long, long.num_computed_tokens, 8192)
     assert s._slo_chunk(short, 0, 1024) == 1024  # the whole short prompt this step
     assert 0 < shared < alone  # the long prefill yields part of the step, but progresses

@@ -76,7 +76,8 @@ def add_cpp_args(parser: argparse.ArgumentParser) -> None:
         "--cpp-slo",
         action="store_true",
         default=None,
-        help="SLO-aware scheduling: prefills share each step by least relative slack "
+        help="SLO-aware scheduling: prefills share each step smallest remaining first, one "
+        "about to miss its TTFT SLO ahead of them "
         "(per-request SLOs: vllm_xargs ttft_slo_ms / tpot_slo_ms).",
     )
     group.add_argument(

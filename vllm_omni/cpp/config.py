@@ -37,8 +37,9 @@ class CPPConfig:
     """Steps scheduled beyond the pp_size in flight, so a stage that finishes finds its next chunk
     queued instead of waiting for the engine's round trip (0: vLLM's own queue of pp_size)."""
     slo: bool = False
-    """SLO-aware scheduling (vllm_omni.cpp.slo): prefills share each step's compute budget by
-    least relative slack; steps are kept short enough for the tightest TTFT SLO in play."""
+    """SLO-aware scheduling (vllm_omni.cpp.slo): prefills share each step's compute budget
+    smallest remaining first, a prefill about to miss its TTFT SLO ahead of them; steps are kept
+    short enough for the tightest TTFT SLO in play."""
     ttft_slo_ms: float | None = None
     """Default TTFT SLO of requests that set none (`vllm_xargs.ttft_slo_ms`)."""
     tpot_slo_ms: float | None = None

@@ -216,8 +216,8 @@ class CPPScheduler(Scheduler):
         )
 
     def _plan_slo_step(self, step_s: float) -> dict[str, float]:
-        """Order this step's prefills by least relative slack and give each its share of the
-        step budget; decodes come first and are never cut (see vllm_omni.cpp.slo)."""
+        """Order this step's prefills (smallest remaining first, deadlines guarded) and give each
+        its share of the step budget; decodes come first and are never cut (vllm_omni.cpp.slo)."""
         prefills, decode_cost, tpots = [], 0.0, []
         for request in self.running:
             if request.num_tokens - request.num_computed_tokens <= 1:

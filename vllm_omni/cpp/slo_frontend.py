@@ -8,10 +8,11 @@ and arms the admission check that `SLOParamsValidator.validate_params` runs for 
 with `cpp.admission`, a request whose TTFT SLO cannot be met gets HTTP 429 before it reaches
 the engine.
 
-"Cannot be met" is a lower bound: the prefill work already queued with an earlier TTFT deadline
-(the scheduler serves least slack first, so that work goes first), in the calibrated cost
-model's seconds, less the time since the snapshot, exceeds the SLO. The request's own prefill is
-not counted (vLLM validates sampling parameters before it tokenizes the prompt).
+"Cannot be met" means: the prefill work already queued with an earlier TTFT deadline, in the
+calibrated cost model's seconds, less the time since the snapshot, exceeds the SLO. The request's
+own prefill is not counted (vLLM validates sampling parameters before it tokenizes the prompt),
+nor that the scheduler serves smaller prefills first: a request shorter than the queued work can
+overtake it, so the check may refuse a short request that would have made its SLO.
 
 Limits: one CPP engine per API server process (the last installed one answers); vLLM's
 multi-process metrics mode (--api-server-count > 1) does not read this collector.
