@@ -285,7 +285,7 @@ class DiffusionScheduler:
             if scheduled.mode == "step" and requests and i < len(output.step_seconds):
                 rows = sum(rows_of(r) for r in requests)
                 self.costs.observe(requests[0].shape_key, rows, output.step_seconds[i])
-                decoded = sum(1 for r in requests if r.request_id in output.finished)
+                decoded = any(r.request_id in output.finished for r in requests)
                 if decoded and i < len(output.decode_seconds):
                     self.costs.observe_decode(requests[0].shape_key, output.decode_seconds[i])
             for request_id in group:
