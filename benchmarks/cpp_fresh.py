@@ -17,6 +17,11 @@ on fitting. Reported besides the table:
 - the fit: its coefficients, and how well it predicts the step times of every timed CPP prefill
   (relative RMS error against the slowest and the last rank's busy time per step), beside how
   much the two ranks' busy times for the same step differ (the machine's noise floor);
+- per rank, the idle time between steps beside the busy time, for CPP and each baseline, and
+  how well a free-flowing pipeline and vLLM's rendezvous hand-off between the ranks explain the
+  measured TTFTs from those busy times;
+- what the fit allows under that hand-off: the best plan of any scheduler, CPP's plan and the
+  fixed chunks (`limits.best_rendezvous_plan`);
 - with --offline-check, the offline calibration (`python -m vllm_omni.cpp.calibrate`) of the same
   model, run afterwards: the plan CPP cuts with the online fit against the plan it cuts with the
   offline one, both costed by the offline model (1.00: the same plan's time).
@@ -78,6 +83,82 @@ def prediction_error(cost_model, records: list[list[list[dict]]]) -> dict[str, A
     }
 
 
+def step_gaps(records: list[list[list[dict]]]) -> dict[str, Any]:
+    """Where a prefill's time goes besides compute, per rank, medians over the prefills: idle
+    seconds between its steps (dispatch, the receive, waiting for the other rank), the median
+    gap, the steps, and rank 0's first step (nothing to overlap with)."""
+    per_rank: list[dict[str, list[float]]] = []
+    for prefill in records:
+        for rank, steps in enumerate(prefill):
+            if rank == len(per_rank):
+                per_rank.append({"idle_s": [], "median_gap_ms": [], "busy_s": [], "steps": []})
+            gaps = [b["start_s"] - a["end_s"] for a, b in zip(steps, steps[1:])]
+            stats = per_rank[rank]
+            stats["idle_s"].append(sum(gaps))
+            stats["median_gap_ms"].append(1e3 * statistics.median(gaps) if gaps else 0.0)
+            stats["busy_s"].append(sum(r["end_s"] - r["start_s"] for r in steps))
+            stats["steps"].append(len(steps))
+    first = [p[0][0]["end_s"] - p[0][0]["start_s"] for p in records if p and p[0]]
+    return {
+        "prefills": len(records),
+        "first_step_s": statistics.median(first) if first else None,
+        "ranks": [{k: statistics.median(v) for k, v in stats.items()} for stats in per_rank],
+    }
+
+
+def handoff_check(records: list[list[list[dict]]], ttfts: list[float]) -> dict[str, float]:
+    """How well two pipeline models explain the measured TTFTs from the measured per-rank busy
+    times of the same prefills (two ranks): free-flowing buffers between the stages, and the
+    rendezvous hand-off of vLLM's CPU pipeline (`simulator.simulate(rendezvous=True)`).
+    Median of predicted / measured TTFT over the prefills."""
+    ratios: dict[str, list[float]] = {"buffered": [], "rendezvous": []}
+    for prefill, ttft in zip(records, ttfts):
+        first, second = ([r["end_s"] - r["start_s"] for r in rank] for rank in prefill)
+        for model, out in ratios.items():
+            start0, start1, end1 = 0.0, 0.0, 0.0
+            for i, (d0, d1) in enumerate(zip(first, second)):
+                if i:  # rank 0 is free once it finished (buffered) or once rank 1 took it
+                    start0 = start1 if model == "rendezvous" else start0 + first[i - 1]
+                start1 = max(start0 + d0, end1)
+                end1 = start1 + d1
+            out.append(end1 / ttft)
+    return {k: statistics.median(v) for k, v in ratios.items()}
+
+
+def ceiling(cost_model, lengths, chunks: list[int], block_size: int) -> dict[str, Any]:
+    """Under `cost_model` and vLLM's rendezvous pipeline (two stages): the best plan of
+    block-sized chunks any scheduler could cut, CPP's plan and the fixed chunks; speed-ups of
+    the best plan and of CPP's over the best fixed chunk."""
+    from vllm_omni.cpp.chunking import cpp_plan
+    from vllm_omni.cpp.limits import best_rendezvous_plan
+    from vllm_omni.cpp.simulator import fixed_chunks, simulate
+
+    out = {}
+    for n in lengths:
+        best, plan = best_rendezvous_plan(n, cost_model, block_size)
+        cpp = simulate(cpp_plan(cost_model, n, 2, block_size), cost_model, 2, rendezvous=True)
+        fixed = {
+            c: simulate(fixed_chunks(n, c), cost_model, 2, rendezvous=True).makespan for c in chunks
+        }
+        best_fixed = min(fixed.values())
+        out[str(n)] = {
+            "best_plan_s": best,
+            "best_plan_chunks": len(plan),
+            "cpp_plan_s": cpp.makespan,
+            "fixed_s": {str(c): t for c, t in fixed.items()},
+            "best_plan_vs_best_fixed": best_fixed / best,
+            "cpp_plan_vs_best_fixed": best_fixed / cpp.makespan,
+        }
+        print(
+            f"  {n:6d} tokens: best plan {best:.3f} s ({len(plan)} chunks), CPP's plan "
+            f"{cpp.makespan:.3f} s, fixed "
+            + ", ".join(f"{c}: {t:.3f} s" for c, t in fixed.items())
+            + f"; vs the best fixed chunk: best plan {best_fixed / best:.4f}, CPP "
+            f"{best_fixed / cpp.makespan:.4f}"
+        )
+    return out
+
+
 def plan_check(online, offline, lengths, block_size: int) -> dict[str, Any]:
     """The online fit's CPP plan against the offline calibration's, costed by the offline model."""
     from vllm_omni.cpp.chunking import cpp_plan
@@ -109,6 +190,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--offline-check", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--records", type=Path, default=None, help="also write every timed prefill's step records"
+    )
     args = parser.parse_args()
 
     from vllm_omni.cpp.cost_model import CostModel
@@ -145,6 +229,28 @@ def main() -> None:
         f"first {first['prompt_len']}-token prompt: {first['baseline']} {base_first:.3f} s, "
         f"CPP (analytic model, exploring) {cpp_first:.3f} s = {base_first / cpp_first:.3f}"
     )
+    gaps = {name: step_gaps(r) for name, r in result["records"].items()}
+    print("\nper-rank time besides compute (medians over the timed prefills of all lengths):")
+    for name, g in gaps.items():
+        ranks = "; ".join(
+            f"rank {i}: busy {r['busy_s']:.2f} s, idle {r['idle_s']:.3f} s over {r['steps']:.0f} "
+            f"steps (median gap {r['median_gap_ms']:.2f} ms)"
+            for i, r in enumerate(g["ranks"])
+        )
+        print(f"  {name:24s} first step {g['first_step_s']:.3f} s; {ranks}")
+    handoff = {
+        name: handoff_check(result["records"][name], result["ttft_s"][name])
+        for name in result["records"]
+    }
+    print("\nTTFT predicted from the measured busy times / measured (medians):")
+    for name, h in handoff.items():
+        print(
+            f"  {name:24s} free-flowing pipeline {h['buffered']:.3f}, "
+            f"rendezvous hand-off {h['rendezvous']:.3f}"
+        )
+    block = 128  # vLLM's KV block on CPU, CPP's chunk alignment
+    print("\nwhat the online fit allows, under the rendezvous hand-off:")
+    limits = ceiling(online, args.lengths, args.chunks, block)
     ratios: dict[str, Any] = {}
     print("\nsteady state, both orders: baseline TTFT / CPP TTFT (> 1: CPP faster)")
     for n in args.lengths:
@@ -166,6 +272,9 @@ def main() -> None:
         "first_prompt": first,
         "online_fit": {"model": online.to_dict(), "fit": fit, "prediction": error},
         "pairs": result["pairs"],
+        "step_gaps": gaps,
+        "handoff_check": handoff,
+        "ceiling_online_fit": limits,
     }
     if args.offline_check:
         from vllm_omni.cpp.calibrate import calibrate
@@ -184,6 +293,9 @@ def main() -> None:
             f"offline: {offline}; predicts the timed CPP steps within "
             f"{out['offline']['prediction']['rel_rmse']:.1%} relative RMS"
         )
+    if args.records:
+        records = {"ttft_s": result["ttft_s"], "records": result["records"]}
+        args.records.write_text(json.dumps(records))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

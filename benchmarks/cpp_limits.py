@@ -13,7 +13,9 @@ Takes the CPP cost model calibrated on this machine (per stage of the tiny 8-lay
    (2048-token steps) and over plain PP=2 at each fixed chunk size, next to the targets and to
    CPP's measured ratios (from `cpp_ttft.py --json` files: CPP's chunk plans from the paired
    table's step records, the ratios from the last file that has them, so that the order-fair
-   `--both-orders` file can follow the paired one).
+   `--both-orders` file can follow the paired one). Then the same ceilings under the pipeline
+   vLLM 0.32 runs on CPU, whose stages hand a chunk on only when the next one takes it
+   (`limits.best_rendezvous_plan`): lower, since every rise of the step time costs there.
 2. SLO scheduling (the SLO issue). For step lengths s, the best-case share of short requests
    arriving during a long prefill that meet their TTFT SLO (both of slo_mixed.py's regimes: 3x
    their unloaded TTFT; max(1 s, 5x) for "interactive"), against how much longer the
@@ -34,12 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from vllm_omni.cpp.cost_model import CostModel
-from vllm_omni.cpp.limits import best_plan, capped_plan, short_ttft_attainment, single_stage_ttft
-from vllm_omni.cpp.simulator import closed_form_makespan, fixed_chunks, stage_times
+from vllm_omni.cpp.limits import (
+    best_plan,
+    best_rendezvous_plan,
+    capped_plan,
+    short_ttft_attainment,
+    single_stage_ttft,
+)
+from vllm_omni.cpp.simulator import closed_form_makespan, fixed_chunks, simulate, stage_times
 
 PP = 2
 LENGTHS = (8192, 16384, 32768)
 FIXED = (256, 512, 1024, 2048, 4096)
+HANDOFF_GRID = 128  # vLLM's KV block on CPU, to which CPP aligns its chunks
 TARGETS = {"vs_pp1": 1.90, "vs_best_fixed": 1.03, "vs_2048_at_16k": 1.15}
 MEASURED_KEYS = {"vs_pp1": "cpp_vs_pp1", "vs_best_fixed": "cpp_vs_best_fixed"}
 STEP_LENGTHS_MS = (20, 25, 30, 35, 40, 45, 50, 55, 60, 75, 100, 150, 200, 300, 400, 500, 750, 1000)
@@ -125,6 +134,26 @@ def prefill_ceilings(cost_model: CostModel, measured: dict[str, Any] | None) -> 
         "  targets: {vs_pp1}x vs PP=1 (16K, 32K), {vs_best_fixed}x vs best fixed (16K, 32K), "
         "{vs_2048_at_16k}x vs 2048 at 16K".format(**TARGETS)
     )
+    print(
+        f"with vLLM's rendezvous hand-off between the stages ({HANDOFF_GRID}-token chunks, "
+        "exact): best plan, ceiling vs best fixed, vs 2048"
+    )
+    for n in LENGTHS:
+        best, chunks = best_rendezvous_plan(n, cost_model, HANDOFF_GRID)
+        fixed = {
+            c: simulate(fixed_chunks(n, c), cost_model, PP, rendezvous=True).makespan for c in FIXED
+        }
+        row = out[str(n)]["rendezvous"] = {
+            "best_makespan_s": best,
+            "best_chunks": list(chunks),
+            "fixed_s": {str(c): t for c, t in fixed.items()},
+            "ceiling_vs_best_fixed": min(fixed.values()) / best,
+            "ceiling_vs_2048": fixed[2048] / best,
+        }
+        print(
+            f"  {n:6d} {best:11.3f} {len(chunks):3d}  {row['ceiling_vs_best_fixed']:.3f}x "
+            f"{row['ceiling_vs_2048']:.3f}x"
+        )
     return out
 
 

@@ -6,7 +6,7 @@ import pytest
 from vllm_omni.cpp import limits
 from vllm_omni.cpp.chunking import budget_for_steps, plan_chunks
 from vllm_omni.cpp.cost_model import CostModel
-from vllm_omni.cpp.simulator import closed_form_makespan, fixed_chunks, stage_times
+from vllm_omni.cpp.simulator import closed_form_makespan, fixed_chunks, simulate, stage_times
 
 # Shaped like the calibration of the tiny 8-layer Llama on the 2-core CPU (per stage, PP=2).
 CPU_LIKE = CostModel(
@@ -40,6 +40,25 @@ def test_best_plan_matches_brute_force(pp_size):
     assert bound.lower_bound == pytest.approx(brute, rel=1e-12)
     assert sum(bound.chunks) == cells * grid
     assert closed_form_makespan(list(bound.chunks), model, pp_size) == pytest.approx(bound.makespan)
+
+
+def test_best_rendezvous_plan_matches_brute_force():
+    model = CostModel(linear=1.0, attention=0.02, step_overhead=12.0, unit="s", context=0.05)
+    grid, cells = 16, 10
+    brute = min(
+        simulate([c * grid for c in sizes], model, 2, rendezvous=True).makespan
+        for sizes in compositions(cells)
+    )
+    makespan, chunks = limits.best_rendezvous_plan(cells * grid, model, grid=grid)
+    assert makespan == pytest.approx(brute, rel=1e-12)
+    assert sum(chunks) == cells * grid
+    assert simulate(list(chunks), model, 2, rendezvous=True).makespan == pytest.approx(makespan)
+    # A hand-off never helps: the free-flowing optimum is at least as fast.
+    assert limits.best_plan(cells * grid, model, 2, grid=grid).makespan <= makespan + 1e-9
+    assert limits.best_rendezvous_plan(10, model, grid=16) == (
+        pytest.approx(2 * (model.step_overhead + model.chunk_cost(10, 0))),
+        (10,),
+    )
 
 
 def test_best_plan_bounds_fixed_and_balanced_plans():

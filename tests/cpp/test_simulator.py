@@ -131,6 +131,47 @@ def test_in_flight_cap_binds_only_where_documented():
     assert res.makespan == 7 and simulate([1, 1, 1], LINEAR, 2, comm_s=1.0).makespan == 5
 
 
+def test_rendezvous_by_hand():
+    # Stage 0 finishes chunk 2 at 5 but holds it until stage 1 takes it at 7, so chunk 3 runs on
+    # stage 0 at 7-10 instead of 5-8, and the prefill ends at 13 instead of 11.
+    res = simulate([1, 3, 1, 3], LINEAR, 2, rendezvous=True)
+    assert [[(s.start, s.end) for s in spans] for spans in res.timeline] == [
+        [(0, 1), (1, 2)],
+        [(1, 4), (4, 7)],
+        [(4, 5), (7, 8)],
+        [(7, 10), (10, 13)],
+    ]
+    assert res.makespan == 13 == 8 + 1 + (2 + 2)  # sum + first + rises
+    assert simulate([1, 3, 1, 3], LINEAR, 2).makespan == 11 == 8 + 3  # sum + max
+
+
+@pytest.mark.parametrize("comm", [0.0, 0.4])
+def test_rendezvous_two_stage_closed_form_and_bounds(comm):
+    rng = random.Random(f"rendezvous-{comm}")
+    model = CostModel(linear=1.0, attention=0.01, step_overhead=2.0, unit="s")
+    for _ in range(300):
+        chunks = [rng.randint(1, 64) for _ in range(rng.randint(1, 12))]
+        times = stage_times(chunks, model)
+        res = simulate(chunks, model, 2, comm_s=comm, rendezvous=True)
+        rises = sum(max(0.0, b - a) for a, b in zip(times, times[1:]))
+        if comm == 0:
+            assert res.makespan == pytest.approx(sum(times) + times[0] + rises, rel=1e-12)
+        pp = rng.randint(2, 6)
+        free = simulate(chunks, model, pp, comm_s=comm).makespan
+        assert simulate(chunks, model, pp, comm_s=comm, rendezvous=True).makespan >= free - 1e-9
+        # Without send time, non-decreasing step times never wait for a hand-off (two stages).
+        ordered = sorted(chunks)
+        if comm == 0:
+            assert simulate(ordered, model, 2, rendezvous=True).makespan == pytest.approx(
+                simulate(ordered, model, 2).makespan, rel=1e-12
+            )
+
+
+@pytest.mark.parametrize("m,pp", [(3, 2), (8, 4), (5, 16)])
+def test_rendezvous_equal_chunks_lose_nothing(m, pp):
+    assert simulate([4] * m, LINEAR, pp, rendezvous=True).makespan == (m + pp - 1) * 4
+
+
 def test_fixed_chunks_and_ideal_bubble():
     assert fixed_chunks(10, 4) == [4, 4, 2]
     assert fixed_chunks(8, 4) == [4, 4]
