@@ -41,6 +41,9 @@ def test_cpp_flags_become_engine_args():
     apply_cpp_args(args)
     assert args.additional_config["cpp"]["online_calibration"] is False
     assert args.max_num_batched_tokens == 8192 and args.enable_chunked_prefill
+    args = parse("--cpp", "-pp", "2", "--cpp-handoff", "rendezvous")
+    apply_cpp_args(args)
+    assert args.additional_config["cpp"]["handoff"] == "rendezvous"
 
 
 def test_user_token_budget_is_kept():

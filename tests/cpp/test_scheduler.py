@@ -10,10 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm_omni.cpp import handoff
 from vllm_omni.cpp.chunking import balance
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel
-from vllm_omni.cpp.scheduler import CPPScheduler
+from vllm_omni.cpp.scheduler import CPPScheduler, plans_for_rendezvous
+from vllm_omni.cpp.simulator import simulate
 
 from .test_cost_model import SMALL as SHAPE  # the tiny 8-layer Llama
 
@@ -30,6 +32,10 @@ def make_scheduler(config: CPPConfig = CPPConfig(), pp_size: int = 2, overhead_t
     scheduler.cost_model = CostModel(flops.linear, flops.attention, overhead_tokens * flops.linear)
     scheduler.requests = {}
     scheduler._prefill_budgets = {}
+    scheduler.rendezvous, scheduler._handoff_plans = (
+        False,
+        {},
+    )  # equal-cost plans unless a test asks
     scheduler._step_budget_left = None
     scheduler.last_step_cost = 0.0
     scheduler._allowances = None  # SLO-aware scheduling off
@@ -160,3 +166,44 @@ def test_context_pass_cost_means_fewer_larger_chunks():
         cm.linear, cm.attention, cm.step_overhead, context=50 * cm.step_overhead / 16384
     )
     assert len(prefill(with_context, 16384)) < len(prefill(plain, 16384))
+
+
+def test_a_rendezvous_hand_off_gets_the_plan_that_costs_least_under_it():
+    equal = make_scheduler()
+    scheduler = make_scheduler()
+    scheduler.rendezvous = True
+    n = 16384
+    chunks = prefill(scheduler, n)
+    planned, _ = handoff.rendezvous_plan(scheduler.cost_model, n, 0, scheduler.chunk_align)
+    assert chunks == planned
+    assert not scheduler._handoff_plans  # dropped once the prefill is done
+
+    def cost(plan):
+        return simulate(plan, scheduler.cost_model, 2, rendezvous=True).makespan
+
+    assert cost(chunks) < cost(prefill(equal, n))
+
+
+def test_a_rendezvous_plan_is_cut_again_where_the_prefill_resumes():
+    scheduler = make_scheduler()
+    scheduler.rendezvous = True
+    request = SimpleNamespace(request_id="r", num_tokens=8192, sampling_params=None)
+    new_step(scheduler)
+    first = scheduler._reserve_prefill_lookahead(request, 0, 8192)
+    new_step(scheduler)
+    cut_short = scheduler._reserve_prefill_lookahead(request, first, 64)  # vLLM's token budget
+    assert cut_short == 64
+    new_step(scheduler)
+    resumed = scheduler._reserve_prefill_lookahead(request, first + 64, 8192 - first - 64)
+    replanned, _ = handoff.rendezvous_plan(scheduler.cost_model, 8192, first + 64, 16)
+    assert resumed == replanned[0]
+
+
+def test_which_pipelines_get_rendezvous_plans():
+    assert not plans_for_rendezvous(CPPConfig(), 2)  # free: the default
+    assert plans_for_rendezvous(CPPConfig(handoff="rendezvous"), 2)
+    for asks_for_equal_cost in (dict(num_steps=8), dict(micro_chunks=2), dict(min_chunk=512)):
+        assert not plans_for_rendezvous(CPPConfig(handoff="rendezvous", **asks_for_equal_cost), 2)
+    assert not plans_for_rendezvous(CPPConfig(handoff="rendezvous"), 3)
+    with pytest.raises(ValueError, match="cpp.handoff"):
+        CPPConfig(handoff="sometimes")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_omni.cpp.config import CPPConfig
+from vllm_omni.cpp.config import HANDOFFS, CPPConfig
 from vllm_omni.cpp.engine_args import cpp_engine_args
 
 # flag -> CPPConfig field
 OPTION_FLAGS = {
     "--cpp-num-steps": "num_steps",
     "--cpp-min-chunk": "min_chunk",
+    "--cpp-handoff": "handoff",
     "--cpp-micro-chunks": "micro_chunks",
     "--cpp-cost-model": "cost_model",
     "--cpp-overhead-tokens": "overhead_tokens",
@@ -50,6 +51,14 @@ def add_cpp_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="TOKENS",
         help="Smallest prefill chunk; shorter tails merge into the chunk before.",
+    )
+    group.add_argument(
+        "--cpp-handoff",
+        choices=HANDOFFS,
+        default=None,
+        help="How the PP stages pass a chunk on, which long prefills are planned for: 'free' "
+        "(equal-cost chunks; the default) or 'rendezvous' (a stage hands a chunk on only when "
+        "the next takes it, as vLLM's CPU pipeline does; two stages).",
     )
     group.add_argument(
         "--cpp-cost-model",

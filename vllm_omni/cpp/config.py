@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 CONFIG_KEY = "cpp"
+HANDOFFS = ("free", "rendezvous")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +34,13 @@ class CPPConfig:
     alone into this many equal-cost micro-chunks that stream through the PP ranks (the scheduler
     plans 1/micro_chunks as many steps). 1: off, every chunk is its own scheduler step (the
     default: measured no faster on CPU, see docs/cpp.md)."""
+    handoff: str = "free"
+    """How the PP stages pass a chunk on, which a long prefill's plan is cut for: "free" (stages
+    buffer: equal-cost chunks) or "rendezvous" (a stage hands a chunk on only when the next stage
+    takes it, as vLLM's CPU pipeline does: the plan that costs least under that,
+    vllm_omni.cpp.handoff; two stages only). Not the default on CPU yet: measured level with
+    fixed 512-token chunks at 16K where equal-cost chunks lost 2.4%, but not confirmed at 32K
+    (docs/cpp.md)."""
     lookahead_steps: int = 1
     """Steps scheduled beyond the pp_size in flight, so a stage that finishes finds its next chunk
     queued instead of waiting for the engine's round trip (0: vLLM's own queue of pp_size)."""
@@ -84,6 +92,8 @@ class CPPConfig:
             raise ValueError(
                 f"cpp.micro_chunks must be an integer in [1, 64], got {self.micro_chunks!r}"
             )
+        if self.handoff not in HANDOFFS:
+            raise ValueError(f"cpp.handoff must be one of {HANDOFFS}, got {self.handoff!r}")
         if not isinstance(self.lookahead_steps, int) or not 0 <= self.lookahead_steps <= 4:
             raise ValueError(
                 f"cpp.lookahead_steps must be an integer in [0, 4], got {self.lookahead_steps!r}"

@@ -13,9 +13,8 @@ of ALL plans, and for what SLO-bound step lengths cost a long prefill:
   non-increasing in M, so the scan also yields a lower bound that no plan of `grid`-token
   chunks beats.
 - `best_rendezvous_plan`: the same for vLLM's CPU pipeline, whose stages hand a chunk on only
-  when the next stage takes it (`simulator.simulate(rendezvous=True)`): at p = 2 a plan takes
-  sum(s_i) + s_1 + the sum of its step-time rises, which a dynamic program over (previous
-  chunk, chunk) on the grid minimises exactly.
+  when the next stage takes it (`vllm_omni.cpp.handoff`): at p = 2 a plan takes sum(s_i) + s_1
+  + the sum of its step-time rises, which a dynamic program minimises exactly.
 - `single_stage_ttft`: plain PP=1 under a per-stage cost model of a p-stage split: every step
   runs all p stages' layers on one core but pays the step overhead once.
 - `capped_plan`: the plan a long prefill gets when every step must fit `step_s`, as SLO-aware
@@ -35,6 +34,7 @@ import numpy as np
 
 from vllm_omni.cpp.chunking import plan_chunks
 from vllm_omni.cpp.cost_model import CostModel, _check_int, _check_real
+from vllm_omni.cpp.handoff import rendezvous_plan
 
 
 @dataclass(frozen=True)
@@ -122,34 +122,13 @@ def best_rendezvous_plan(
     prompt_len: int, cost_model: CostModel, grid: int = 128
 ) -> tuple[float, tuple[int, ...]]:
     """The plan of `grid`-token chunks (the last may be shorter) with the shortest makespan
-    through 2 stages that hand chunks on by rendezvous, and that makespan: exact, by dynamic
-    programming over the grid: O(n^3) in n = prompt_len / grid positions, vectorised (0.04 s
-    for a 32K prompt on 128-token chunks, n = 257, on a 2-core CPU)."""
-    _check_int("prompt_len", prompt_len, 1)
+    through 2 stages that hand chunks on by rendezvous, and that makespan: exact, the search of
+    `handoff.rendezvous_plan` with no bound on a chunk's length."""
     _check_int("grid", grid, 1)
-    pos, cost = _costs(prompt_len, cost_model, grid)
-    n = len(pos)
-    # rest[i, j]: least time still to come once the chunk from position i to j has run:
-    # each later chunk costs its step time plus how much it rises above the one before it.
-    rest = np.full((n, n), np.inf)
-    rest[:, n - 1] = 0.0
-    choice = np.zeros((n, n), dtype=int)
-    for j in range(n - 2, 0, -1):
-        after = cost[j, j + 1 :]  # the next chunk, from j to each k > j
-        prev = cost[:j, j][:, None]  # each chunk that ended at j
-        total = after + np.maximum(after - prev, 0.0) + rest[j, j + 1 :]
-        best = np.argmin(total, axis=1)
-        rest[:j, j] = total[np.arange(j), best]
-        choice[:j, j] = best + j + 1
-    first = 2.0 * cost[0, 1:] + rest[0, 1:]
-    k = int(np.argmin(first)) + 1
-    makespan = float(first[k - 1])
-    path = [0, k]
-    while path[-1] != n - 1:
-        i, j = path[-2], path[-1]
-        path.append(int(choice[i, j]))
-    chunks = tuple(int(pos[b] - pos[a]) for a, b in zip(path, path[1:]))
-    return makespan, chunks
+    chunks, makespan = rendezvous_plan(
+        cost_model, prompt_len, block_size=grid, max_blocks=-(-prompt_len // grid)
+    )
+    return makespan, tuple(chunks)
 
 
 def single_stage_ttft(prompt_len: int, cost_model: CostModel, chunk: int, pp_size: int) -> float:

@@ -14,9 +14,13 @@ more the more context precedes it (attention), so the stages wait on each other:
 For each long prefill CPP fixes a budget B = T / m when the request is first scheduled (T: the
 prefill's cost per stage from the CostModel, m: the number of steps that minimises the predicted
 time, see chunking.optimal_num_steps); every step then takes the largest block-aligned chunk that
-fits what is left of B. Decodes are charged but never cut. Everything else - KV allocation, prefix
-caching, preemption, aborts - is vLLM's own scheduler, reached through one hook,
-`_reserve_prefill_lookahead`, which vLLM calls for every request it is about to schedule.
+fits what is left of B. With `cpp.handoff=rendezvous` (vLLM's CPU pipeline hands a chunk on only
+when the next stage takes it, so every rise of the step time from one chunk to the next costs),
+the prefill leading a step instead follows the plan that costs least under that hand-off
+(vllm_omni.cpp.handoff), cut when it first leads one. Decodes are charged but never cut.
+Everything else - KV allocation, prefix caching, preemption, aborts - is vLLM's own scheduler,
+reached through one hook, `_reserve_prefill_lookahead`, which vLLM calls for every request it is
+about to schedule.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_omni.cpp import slo
+from vllm_omni.cpp import handoff, slo
 from vllm_omni.cpp.chunking import next_chunk_size, prefill_budget
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import write_json_atomic
@@ -75,6 +79,23 @@ def last_rank_scale(vllm_config) -> float:
     return max(sizes) / sizes[-1] if sizes[-1] else 1.0
 
 
+def plans_for_rendezvous(config: CPPConfig, pp_size: int) -> bool:
+    """Whether prefills are planned for a rendezvous hand-off between the stages (see
+    CPPConfig.handoff); the plan is for two stages, and micro-chunks and a fixed number of
+    steps or smallest chunk ask for the equal-cost plan."""
+    if config.handoff != "rendezvous":
+        return False
+    plannable = (
+        pp_size == 2 and config.micro_chunks == 1 and not config.num_steps and not config.min_chunk
+    )
+    if not plannable:
+        logger.warning(
+            "CPP: cpp.handoff=rendezvous plans two stages without micro-chunks, num_steps or "
+            "min_chunk; planning equal-cost chunks instead"
+        )
+    return plannable
+
+
 def requested_num_steps(request: Request) -> int | None:
     params = request.sampling_params
     value = params.extra_args.get(NUM_STEPS_ARG) if params and params.extra_args else None
@@ -96,6 +117,9 @@ class CPPScheduler(Scheduler):
         self.rank_scale = last_rank_scale(self.vllm_config)
         self._dither = 1.0
         self._prefill_budgets: dict[str, float] = {}
+        self.rendezvous = plans_for_rendezvous(self.cpp_config, self.pp_size)
+        # Per request: where its rendezvous plan goes on, and the chunks still to come.
+        self._handoff_plans: dict[str, tuple[int, deque[int]]] = {}
         self._step_budget_left: float | None = None
         self.last_step_cost = 0.0
         # SLO-aware scheduling (cpp.slo): per-request targets, this step's allowances, and the
@@ -114,11 +138,13 @@ class CPPScheduler(Scheduler):
                 "analytic one no request is refused (run `python -m vllm_omni.cpp.calibrate`)"
             )
         logger.info(
-            "CPP scheduler: pp=%d, cost model %s, num_steps=%s, min_chunk=%d",
+            "CPP scheduler: pp=%d, cost model %s, num_steps=%s, min_chunk=%d, plans for a %s "
+            "hand-off",
             self.pp_size,
             self.cost_model,
             self.cpp_config.num_steps or "auto",
             self.cpp_config.min_chunk,
+            "rendezvous" if self.rendezvous else "free",
         )
 
     def _start_online_calibration(self, start: StartingModel) -> OnlineCalibration | None:
@@ -160,6 +186,10 @@ class CPPScheduler(Scheduler):
         if len(self._prefill_budgets) > len(self.requests) + 64:
             self._prefill_budgets = {
                 rid: b for rid, b in self._prefill_budgets.items() if rid in self.requests
+            }
+        if len(self._handoff_plans) > len(self.requests) + 64:
+            self._handoff_plans = {
+                rid: p for rid, p in self._handoff_plans.items() if rid in self.requests
             }
         if len(self._slos) > len(self.requests) + 64:
             self._slos = {rid: t for rid, t in self._slos.items() if rid in self.requests}
@@ -356,7 +386,10 @@ class CPPScheduler(Scheduler):
             # The first prefill took its smallest chunk over budget (at a long context one block
             # can cost more than the whole budget): the step is full.
             return 0
-        chunk = next_chunk_size(
+        planned = (
+            self._planned_chunk(request, num_computed_tokens) if first_prefill_of_step else None
+        )
+        chunk = planned or next_chunk_size(
             self.cost_model,
             num_computed_tokens,
             remaining,
@@ -374,6 +407,28 @@ class CPPScheduler(Scheduler):
             self._prefill_budgets.pop(request.request_id, None)
         self._step_budget_left -= cost
         self.last_step_cost += cost
+        return chunk
+
+    def _planned_chunk(self, request: Request, num_computed_tokens: int) -> int | None:
+        """The next chunk of this prefill's rendezvous plan (None: equal-cost chunks for it).
+        The plan is cut when the prefill first leads a step, and again whenever it resumes
+        elsewhere than the plan goes on (a chunk vLLM cut short, a preemption)."""
+        if not self.rendezvous or requested_num_steps(request) is not None:
+            return None
+        if self.online is not None and self.online.online.exploring:
+            return None  # dithered equal-cost steps until the model has a scale in seconds
+        rid = request.request_id
+        position, chunks = self._handoff_plans.get(rid, (-1, deque()))
+        if position != num_computed_tokens or not chunks:
+            plan, _ = handoff.rendezvous_plan(
+                self.cost_model, request.num_tokens, num_computed_tokens, self.chunk_align
+            )
+            position, chunks = num_computed_tokens, deque(plan)
+        chunk = chunks.popleft()
+        if chunks:
+            self._handoff_plans[rid] = (position + chunk, chunks)
+        else:
+            self._handoff_plans.pop(rid, None)
         return chunk
 
     def _slo_chunk(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
