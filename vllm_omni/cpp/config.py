@@ -39,7 +39,7 @@ class CPPConfig:
     buffer: equal-cost chunks) or "rendezvous" (a stage hands a chunk on only when the next stage
     takes it, as vLLM's CPU pipeline does: the plan that costs least under that,
     vllm_omni.cpp.handoff; two stages only). Not the default on CPU yet: measured level with
-    fixed 512-token chunks at 16K where equal-cost chunks lost 2.4%, but not confirmed at 32K
+    fixed 512-token chunks at 16K where equal-cost chunks lost 2.4%; at 32K two runs disagree
     (docs/cpp.md)."""
     lookahead_steps: int = 1
     """Steps scheduled beyond the pp_size in flight, so a stage that finishes finds its next chunk
