@@ -214,7 +214,7 @@ def main() -> None:
 
     (cached,) = calibration_dir().glob("*.json")
     online, fit = CostModel.load_with_fit(cached)
-    error = prediction_error(online, result["cpp_records"])
+    error = prediction_error(online, result["records"][CPP_NAME])
     print(f"\nonline fit ({fit}): {online}")
     print(
         f"its prediction of the {error['steps']} timed CPP steps: relative RMS error "
@@ -282,11 +282,11 @@ def main() -> None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
         print("\noffline calibration of the same model, for comparison:", flush=True)
         offline = calibrate(model, 2, save=False, max_context=max(args.lengths)).model
-        chunks = [sum(x for x, _ in r[0]["chunks"]) for r in result["cpp_records"][-1]]
+        chunks = [sum(x for x, _ in r[0]["chunks"]) for r in result["records"][CPP_NAME][-1]]
         block = math.gcd(*chunks[:-1]) if len(chunks) > 2 else 128
         out["offline"] = {
             "model": offline.to_dict(),
-            "prediction": prediction_error(offline, result["cpp_records"]),
+            "prediction": prediction_error(offline, result["records"][CPP_NAME]),
             "plans": plan_check(online, offline, args.lengths, block),
         }
         print(

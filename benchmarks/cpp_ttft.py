@@ -249,8 +249,8 @@ def run_both_orders(
     `Engine`: the engine started first is slower here), per prompt length, and the geometric mean
     of the two orders' ratios. One pair per order serves every length; runs alternate engines.
     `trace`, if given, gets the first prompt's TTFT of the first pair ("first_prompt") and the
-    step records of every timed CPP prefill ("cpp_records") and of every timed prefill by
-    configuration name ("records", with their TTFTs in "ttft_s")."""
+    step records of every timed prefill by configuration name ("records", with their TTFTs in
+    "ttft_s")."""
     prompts = make_prompts(lengths, runs)
     out: dict[str, dict[str, Any]] = {}
     for config in baselines:
@@ -276,8 +276,6 @@ def run_both_orders(
                             name = engine.config.name
                             trace.setdefault("records", {}).setdefault(name, []).append(records)
                             trace.setdefault("ttft_s", {}).setdefault(name, []).append(elapsed)
-                            if engine.config is cpp_config:
-                                trace.setdefault("cpp_records", []).append(records)
                 base, cpp = (statistics.median(times[c.name]) for c in (config, cpp_config))
                 per_length[n].append(
                     {"started_first": order[0].name, "baseline_s": base, "cpp_s": cpp}

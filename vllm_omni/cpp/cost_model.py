@@ -164,6 +164,13 @@ class CostModel:
             raise ValueError(f"num_new_tokens ({x}) and num_cached_tokens ({cached}) must be >= 0")
         if x == 0:
             return 0.0
+        return self._work(x, cached)
+
+    def chunk_costs(self, num_new_tokens: np.ndarray, num_cached_tokens: np.ndarray) -> np.ndarray:
+        """`chunk_cost` elementwise over arrays, unchecked: a planner's table of many chunks."""
+        return np.where(num_new_tokens > 0, self._work(num_new_tokens, num_cached_tokens), 0.0)
+
+    def _work(self, x, cached):
         return self.linear * x + self.attention * x * (cached + x / 2) + self.context * cached
 
     def step_cost(self, chunks: Iterable[tuple[int, int]]) -> float:

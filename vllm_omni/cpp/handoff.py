@@ -35,8 +35,7 @@ def step_times(cost_model: CostModel, positions: np.ndarray, max_blocks: int) ->
     end_index = np.arange(n - 1)[:, None] + np.arange(1, max_blocks + 1)[None, :]
     valid = end_index < n
     x = np.where(valid, positions[np.minimum(end_index, n - 1)] - start, 0.0)
-    m = cost_model
-    cost = m.step_overhead + m.linear * x + m.attention * x * (start + x / 2) + m.context * start
+    cost = cost_model.step_overhead + cost_model.chunk_costs(x, start)
     return np.where(valid, cost, np.inf)
 
 
@@ -67,9 +66,8 @@ def rendezvous_plan(
     # later chunk costs its step time plus how far it rises above the chunk before it.
     rest = np.full((last, band), np.inf)
     choice = np.zeros((last, band), dtype=int)
-    for i in range(last):
-        if i + band >= last:
-            rest[i, last - i - 1] = 0.0
+    ends = np.arange(last - band, last)  # the chunks that can end the prefill
+    rest[ends, last - ends - 1] = 0.0
     for j in range(last - 1, 0, -1):
         after = times[j]  # the chunks from j, by length
         lengths = np.arange(1, min(band, j) + 1)
