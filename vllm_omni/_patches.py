@@ -278,10 +278,10 @@ def apply() -> dict[str, bool]:
 
 
 # ---------------------------------------------------------------------------------- pinned
-# Not patches: vLLM internals that vllm_omni wraps on instances it owns (one worker's model
-# runner, one engine's output processor), leaving the classes untouched. Their behaviour is
-# still assumed, so each is fingerprinted like a patch and tests/test_patches.py fails when vLLM
-# changes it.
+# Not patches: vLLM (and diffusers) internals that vllm_omni wraps on instances it owns (one
+# worker's model runner, one engine's output processor, one DiT stage's VAE), leaving the classes
+# untouched. Their behaviour is still assumed, so each is fingerprinted like a patch and
+# tests/test_patches.py fails when vLLM or diffusers changes it.
 
 
 @dataclass(frozen=True)
@@ -296,6 +296,7 @@ class Pinned:
 
 
 def all_pinned() -> list[Pinned]:
+    from diffusers.models.autoencoders import autoencoder_kl_qwenimage as qwen_vae
     from vllm.distributed.device_communicators.shm_broadcast import ShmRingBuffer
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.executor import ray_utils
@@ -363,5 +364,19 @@ def all_pinned() -> list[Pinned]:
             "9e116796002e",
             "engine.hidden_states_tap wraps it per engine: an output with a pooling tensor is "
             "taken as a pooling request's, so the tap removes the rows of generation outputs.",
+        ),
+        Pinned(
+            qwen_vae.QwenImageCausalConv3d,
+            "forward",
+            "afffb99acd51",
+            "diffusion.vae_fast_path stands in for it on one frame without a cache: zero padding "
+            "of `_padding` (F.pad order, time in front), then the plain Conv3d.",
+        ),
+        Pinned(
+            qwen_vae.QwenImageRMS_norm,
+            "forward",
+            "fc44101b6513",
+            "diffusion.vae_fast_path stands in for it: F.normalize over the channels (in float32 "
+            "for 16-bit inputs), times `scale` and `gamma`, plus `bias`.",
         ),
     ]

@@ -10,11 +10,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vllm_omni.diffusion.vae_fast_path import accelerate_vae
+
 
 class LatentDecoder:
     def __init__(self, pipe) -> None:
         self.pipe = pipe
         self.vae = pipe.vae
+        accelerate_vae(self.vae)  # an image's decode as 2-D work on CPU (5-8x faster there)
         self.vae_scale_factor = pipe.vae_scale_factor
 
     @property
