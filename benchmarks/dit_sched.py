@@ -134,16 +134,19 @@ def summarize(trace, results, slo_ms, span) -> dict:
 
 
 def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) -> dict:
-    """Replay the trace on a fresh server with `policy`. The first run measures the unloaded
-    latencies and builds the SLOs and the trace from them into `shared`; later runs reuse both."""
+    """Replay the trace on a fresh server with `policy`. Every run measures the unloaded
+    latencies; the first builds the SLOs and the trace from them into `shared`, later runs
+    reuse both."""
     proc, url, log = start_server(model, ["--dit-scheduling-policy", policy])
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
         small, large = Job(10**6, 0, "small", 64, 6), Job(10**6, 0, "large", 192, 25)
         one_image(client, small, None)  # warm-up
         one_image(client, large, None)
+        # Every server gets the same warm-up, and its own unloaded latencies show how fast the
+        # machine was during its run (the SLOs and the trace come from the first server's).
+        base = {"small": unloaded_ms(client, small, 5), "large": unloaded_ms(client, large)}
         if "trace" not in shared:
-            base = {"small": unloaded_ms(client, small, 5), "large": unloaded_ms(client, large)}
             mean_s = (SMALL_SHARE * base["small"] + (1 - SMALL_SHARE) * base["large"]) / 1000
             rate = args.rate or args.load / mean_s
             shared["slo_ms"] = {kind: args.slo_x * ms for kind, ms in base.items()}
@@ -154,6 +157,7 @@ def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) 
             shared["trace"] = make_trace(args.requests, rate, args.seed)
             print(f"unloaded small/large {base['small']:.0f}/{base['large']:.0f} ms: {rate:.2f}/s")
         result = replay(client, shared["trace"], shared["slo_ms"])
+        result["unloaded_ms"] = base
         result["slo_ms"] = dict(shared["slo_ms"])
         result["rate"] = shared["rate"]
         return result
@@ -190,11 +194,7 @@ def main() -> None:
     medians = {p: _medians(r) for p, r in runs.items()}
     for policy in POLICIES:
         report(f"{policy} (median)", medians[policy])
-    ratios = {
-        "slo_attainment": _ratio(runs, lambda r: r["slo_attainment"]),
-        "small_p99": _ratio(runs, lambda r: r["small"]["p99_s"]),
-        "large_p99": _ratio(runs, lambda r: r["large"]["p99_s"]),
-    }
+    ratios = paired_ratios(runs)
     print(
         f"\ndeadline / fcfs: SLO attainment {ratios['slo_attainment']:.2f}x, "
         f"small P99 {ratios['small_p99']:.2f}x, large P99 {ratios['large_p99']:.2f}x"
@@ -230,10 +230,19 @@ def _medians(results: list[dict]) -> dict:
     return out
 
 
-def _ratio(runs: dict, metric) -> float:
+def _paired_ratio(runs: dict, metric) -> float:
     """deadline over fcfs, geometric mean over the pairs of runs."""
     values = [metric(d) / max(1e-9, metric(f)) for d, f in zip(runs["deadline"], runs["fcfs"])]
     return statistics.geometric_mean(values) if all(v > 0 for v in values) else 0.0
+
+
+def paired_ratios(runs: dict) -> dict[str, float]:
+    """deadline over fcfs of SLO attainment and each class's P99 latency."""
+    return {
+        "slo_attainment": _paired_ratio(runs, lambda r: r["slo_attainment"]),
+        "small_p99": _paired_ratio(runs, lambda r: r["small"]["p99_s"]),
+        "large_p99": _paired_ratio(runs, lambda r: r["large"]["p99_s"]),
+    }
 
 
 def report(policy: str, r: dict) -> None:
@@ -244,6 +253,11 @@ def report(policy: str, r: dict) -> None:
         f"{r['small']['p99_s']:.2f} s, large P50/P99 {r['large']['p50_s']:.2f}/"
         f"{r['large']['p99_s']:.2f} s, max {r['max_latency_s']:.1f} s, errors {r['errors']:.0f}, "
         f"SLO ms {r['slo_ms']['small']:.0f}/{r['slo_ms']['large']:.0f}"
+        + (
+            f", unloaded {r['unloaded_ms']['small']:.0f}/{r['unloaded_ms']['large']:.0f} ms"
+            if "unloaded_ms" in r
+            else ""
+        )
     )
 
 

@@ -9,12 +9,12 @@ shape that come next in urgency order (one transformer call); the others keep th
 the DiT cache and wait (preemption at step boundaries, nothing recomputed). Urgency:
 
 1. starved requests (not advanced for `starvation_steps` engine steps), longest idle first;
-2. requests that can still meet their deadline but could not if a late request ran first,
-   least slack first (no SLO: infinite slack);
-3. late requests (they can no longer meet their deadline), least remaining work first: they
-   take the time that requests with more slack than their remaining work can spare, so they
-   finish as early as they can without making any request late that would have been on time;
-4. the remaining requests that can meet their deadline, least slack first.
+2. requests that can still meet their deadline, least slack first (no SLO: infinite slack);
+3. late requests (they can no longer meet their deadline), least remaining work first. They
+   still ride along in steps whose other requests can spare the time (the scheduler's
+   `_spare_groups`), so under overload the stage keeps advancing as many requests as fcfs.
+   Putting them ahead of requests with "enough" slack (the rule of sessions 13-19) let a queue of
+   late requests use up that slack together, turning on-time requests late in a cascade.
 
 Admission control (optional) refuses, at arrival, a request that cannot finish in time even
 if it ran before every request with a later deadline (an EDF feasibility check).
@@ -144,21 +144,15 @@ class DeadlinePolicy:
     def order(self, requests: list[DiTRequest], now: float, engine_step: int) -> list:
         """Most urgent first (see the module docstring)."""
         slack = {r.request_id: self.slack(r, now) for r in requests}
-        late = [r for r in requests if slack[r.request_id] < 0]
-        # The late request that would run next needs this long; a request with more slack
-        # than that can let it finish first and still make its own deadline.
-        gap = min((self.costs.remaining_s(r) for r in late), default=math.inf)
 
         def urgency(r: DiTRequest) -> tuple:
             idle = engine_step - r.last_advanced_step
             s = slack[r.request_id]
             if idle > self.starvation_steps:
                 return (0, -idle, r.arrival)
-            if 0 <= s < gap:
+            if s >= 0:
                 return (1, s, r.arrival)
-            if s < 0:
-                return (2, self.costs.remaining_s(r), r.arrival)
-            return (3, s, r.arrival)
+            return (2, self.costs.remaining_s(r), r.arrival)
 
         return sorted(requests, key=urgency)
 

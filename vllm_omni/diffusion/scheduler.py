@@ -95,8 +95,12 @@ class DiffusionScheduler:
         config: DiTSchedulerConfig,
         cache: DiTCacheManager,
         estimate_bytes: Callable[[DiTRequest], int],
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """`clock`: wall-clock seconds, the time base of deadlines (a virtual one in
+        benchmarks/dit_sched_sim.py)."""
         self.config = config
+        self.clock = clock
         self.cache = cache
         self._estimate_bytes = estimate_bytes
         self.waiting: deque[DiTRequest] = deque()
@@ -116,7 +120,7 @@ class DiffusionScheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request_id: {request.request_id!r} is already scheduled")
         if self.config.admission_control and not self.deadline_policy.admissible(
-            request, list(self.requests.values()), time.time()
+            request, list(self.requests.values()), self.clock()
         ):
             self.slo.rejected += 1
             raise DeadlineUnreachable(
@@ -187,7 +191,7 @@ class DiffusionScheduler:
         in the same step, as far as every request that can still meet its deadline can spare
         the time (`_spare_groups`)."""
         out = DiTSchedulerOutput(mode="step")
-        now = time.time()
+        now = self.clock()
         policy = self.deadline_policy
         candidates = self.running + list(self.waiting)
         ordered = policy.order(candidates, now, self.engine_step)
@@ -279,7 +283,7 @@ class DiffusionScheduler:
     ) -> list[tuple[DiTRequest, object]]:
         """Advance step counters; return (request, result) for each request that finished."""
         finished = []
-        now = time.time()
+        now = self.clock()
         for i, group in enumerate(scheduled.groups):
             requests = [self.requests[rid] for rid in group if rid in self.requests]
             if scheduled.mode == "step" and requests and i < len(output.step_seconds):
