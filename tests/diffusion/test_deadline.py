@@ -100,18 +100,18 @@ def test_other_shapes_ride_along_when_every_on_time_request_can_spare_it() -> No
     assert "tight" in out.groups[0] and all("big" not in group for group in out.groups)
 
 
-def test_late_requests_go_after_every_request_that_can_still_be_on_time() -> None:
+def test_late_requests_run_in_the_slack_on_time_requests_can_spare() -> None:
     s = _scheduler(max_num_seqs=1)
     s.add_request(_request("late", steps=20, slo_s=0.1))  # needs 0.2 s
-    s.add_request(_request("later", steps=5, slo_s=0.01))  # late too, with less work left
+    s.add_request(_request("later", steps=5, slo_s=0.01))  # late too, needs 0.05 s
     s.add_request(_request("tight", steps=10, slo_s=0.25))  # 0.15 s of slack
-    s.add_request(_request("relaxed", size=256, steps=2, slo_s=5))  # could wait 0.2 s
+    s.add_request(_request("relaxed", size=256, steps=2, slo_s=5))  # seconds of slack
     s.add_request(_request("no_slo", steps=10))
     now = time.time()
     order = s.deadline_policy.order(list(s.waiting), now, s.engine_step)
-    # However much slack "relaxed" has, the late requests wait for it (several late requests
-    # could otherwise use up that slack between them), least remaining work first.
-    assert [r.request_id for r in order] == ["tight", "relaxed", "no_slo", "later", "late"]
+    # Late requests, least work first, each counted with the late work before it: "later"
+    # (0.05 s) fits in tight's slack, "late" (0.05 + 0.2 s) does not, but fits in relaxed's.
+    assert [r.request_id for r in order] == ["later", "tight", "late", "relaxed", "no_slo"]
 
 
 def test_starvation_guard_lets_a_best_effort_request_through() -> None:

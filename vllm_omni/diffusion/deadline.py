@@ -9,12 +9,15 @@ shape that come next in urgency order (one transformer call); the others keep th
 the DiT cache and wait (preemption at step boundaries, nothing recomputed). Urgency:
 
 1. starved requests (not advanced for `starvation_steps` engine steps), longest idle first;
-2. requests that can still meet their deadline, least slack first (no SLO: infinite slack);
-3. late requests (they can no longer meet their deadline), least remaining work first. They
-   still ride along in steps whose other requests can spare the time (the scheduler's
-   `_spare_groups`), so under overload the stage keeps advancing as many requests as fcfs.
-   Putting them ahead of requests with "enough" slack (the rule of sessions 13-19) let a queue of
-   late requests use up that slack together, turning on-time requests late in a cascade.
+2. the others by the time they can spare: a request that can still meet its deadline by its
+   slack (no SLO: infinite); a late request (it can no longer meet its deadline) by its own
+   remaining work plus that of every late request with less (late requests go least work
+   first). So late requests run in the slack of the on-time requests behind them, all of them
+   together, and finish as early as that allows; an on-time request whose slack is less
+   than that late work goes first. Late requests also ride along in steps whose other requests can
+   spare the time (the scheduler's `_spare_groups`). The rule of sessions 13-19 compared an
+   on-time request's slack with one late request's work, so a queue of late requests spent
+   that slack together and turned on-time requests late in a cascade.
 
 Admission control (optional) refuses, at arrival, a request that cannot finish in time even
 if it ran before every request with a later deadline (an EDF feasibility check).
@@ -144,15 +147,24 @@ class DeadlinePolicy:
     def order(self, requests: list[DiTRequest], now: float, engine_step: int) -> list:
         """Most urgent first (see the module docstring)."""
         slack = {r.request_id: self.slack(r, now) for r in requests}
+        late = sorted(
+            (r for r in requests if slack[r.request_id] < 0),
+            key=lambda r: (self.costs.remaining_s(r), r.arrival),
+        )
+        # A late request with the work of the late requests before it: an on-time request
+        # with more slack than that can let all of them finish first.
+        late_work, work = {}, 0.0
+        for r in late:
+            work += self.costs.remaining_s(r)
+            late_work[r.request_id] = work
 
         def urgency(r: DiTRequest) -> tuple:
             idle = engine_step - r.last_advanced_step
-            s = slack[r.request_id]
             if idle > self.starvation_steps:
-                return (0, -idle, r.arrival)
-            if s >= 0:
-                return (1, s, r.arrival)
-            return (2, self.costs.remaining_s(r), r.arrival)
+                return (0, -idle, 0, r.arrival)
+            if r.request_id in late_work:
+                return (1, late_work[r.request_id], 1, r.arrival)
+            return (1, slack[r.request_id], 0, r.arrival)
 
         return sorted(requests, key=urgency)
 
