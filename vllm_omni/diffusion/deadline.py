@@ -13,8 +13,8 @@ the DiT cache and wait (preemption at step boundaries, nothing recomputed). Urge
    slack (no SLO: infinite); a late request (it can no longer meet its deadline) by its own
    remaining work plus that of every late request with less (late requests go least work
    first). So late requests run in the slack of the on-time requests behind them, all of them
-   together, and finish as early as that allows; an on-time request whose slack is less
-   than that late work goes first. Late requests also ride along in steps whose other requests can
+   together, and finish as early as that allows; an on-time request whose slack is less than
+   that late work goes first. Late requests also ride along in steps whose other requests can
    spare the time (the scheduler's `_spare_groups`). The rule of sessions 13-19 compared an
    on-time request's slack with one late request's work, so a queue of late requests spent
    that slack together and turned on-time requests late in a cascade.
