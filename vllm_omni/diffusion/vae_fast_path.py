@@ -62,11 +62,14 @@ def _mark(fn: functools.partial) -> functools.partial:
 
 def _is_causal_in_time(conv: torch.nn.Conv3d) -> bool:
     """Zero padding of kernel - 1 frames in front, none behind, stride and dilation 1 in time:
-    then a single input frame gives a single output frame, made by the last temporal tap."""
+    then a single input frame gives a single output frame, made by the last temporal tap. (And
+    the same padding on both sides in space, as Qwen-Image's are, which conv2d takes itself.)"""
     pad = conv._padding  # (W, W, H, H, T front, T back), as F.pad takes it
     return (
         pad[4] == conv.kernel_size[0] - 1
         and pad[5] == 0
+        and pad[0] == pad[1]
+        and pad[2] == pad[3]
         and conv.stride[0] == 1
         and conv.dilation[0] == 1
         and conv.padding == (0, 0, 0)
@@ -76,15 +79,12 @@ def _is_causal_in_time(conv: torch.nn.Conv3d) -> bool:
 def _conv(conv: torch.nn.Conv3d, original, x: torch.Tensor, cache_x=None) -> torch.Tensor:
     if cache_x is not None or x.device.type != "cpu" or x.dim() != 5 or x.shape[2] != 1:
         return original(x, cache_x)
-    frame, (w0, w1, h0, h1) = x[:, :, 0], conv._padding[:4]
-    if (w0, h0) != (w1, h1):  # F.conv2d pads both sides alike
-        frame, w0, h0 = F.pad(frame, (w0, w1, h0, h1)), 0, 0
     out = F.conv2d(
-        frame,
+        x[:, :, 0],
         conv.weight[:, :, -1],
         conv.bias,
         stride=conv.stride[1:],
-        padding=(h0, w0),
+        padding=(conv._padding[2], conv._padding[0]),
         dilation=conv.dilation[1:],
         groups=conv.groups,
     )
