@@ -72,9 +72,10 @@ def main() -> None:
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
-                             "model": str(folder)}, "threads": torch.get_num_threads(),
-                             "rows": rows}, indent=2))  # fmt: skip
+        model = str(args.model) if args.model else "tiny:qwen-image"  # no machine's paths
+        out = {"args": vars(args) | {"json": str(args.json), "model": model},
+               "threads": torch.get_num_threads(), "rows": rows}  # fmt: skip
+        args.json.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
