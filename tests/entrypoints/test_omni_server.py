@@ -213,6 +213,10 @@ def test_metrics(server, client) -> None:
     client.images.generate(prompt="x", size="64x64", extra_body=FAST)
     assert _metric(server, "vllm_omni:images_generated_total") >= 1
     assert _metric(server, "vllm_omni:stage_step_seconds_count", stage="dit") >= 2
+    for stage in ("text_encoder", "dit"):  # each request's time at each stage
+        labels = {"stage": stage, "phase": "running"}
+        assert _metric(server, "vllm_omni:stage_request_seconds_count", **labels) >= 1
+        assert _metric(server, "vllm_omni:stage_request_seconds_sum", **labels) > 0
     assert _metric(server, "vllm_omni:stage_requests_waiting", stage="dit") == 0
     assert _metric(server, "vllm_omni:kv_cache_usage_perc", stage="text_encoder") == 0
 

@@ -71,6 +71,8 @@ class OmniEngine:
         self.output_processor = MultimodalOutputProcessor()
         self.counters = {"finished": 0, "failed": 0, "aborted": 0}
         self.started_at = 0.0
+        # Hear (stage name, StageTiming) each time a stage finishes a request.
+        self.timing_listeners: list[Callable[[str, StageTiming], None]] = []
 
     async def start(self) -> None:
         """Start every stage at once (DiT processes and vLLM engines load in parallel)."""
@@ -288,6 +290,8 @@ class OmniEngine:
                 for stream in streams:
                     stream.put(out, final=True)
             timings[stage_name] = StageTiming(queued, start, time.monotonic())
+            for listener in self.timing_listeners:
+                listener(stage_name, timings[stage_name])
             if on_event is not None:
                 on_event(StageEvent(request_id, stage_name, "finished", timings[stage_name].end))
             return out

@@ -97,7 +97,7 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
                 stage_configs=config.stage_configs,
                 stage_overrides=config.stage_overrides,
             )
-        _observe_steps(state["omni"], metrics)
+        _observe_stages(state["omni"], metrics)
         logger.info(
             "omni server ready: %s (stages %s)",
             config.served_model_name,
@@ -433,7 +433,8 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable):
             raise ClientDisconnected
 
 
-def _observe_steps(omni: AsyncOmniLLM, metrics: OmniMetrics) -> None:
+def _observe_stages(omni: AsyncOmniLLM, metrics: OmniMetrics) -> None:
+    omni.engine.timing_listeners.append(metrics.observe_stage)
     for name, stage in omni.engine.stages.items():
         if stage.engine_type == "DiT":
             stage.step_listeners.append(metrics.step_seconds.labels(name).observe)

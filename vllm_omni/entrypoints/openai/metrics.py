@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Prometheus metrics of the omni server: per-stage queues and step latency, images made.
+"""Prometheus metrics of the omni server: per-stage queues, step latency and time per request,
+images made.
 
 Kept in a registry of the app's own (several apps can live in one test process); /metrics
 serves it together with vLLM's default registry (the AR stage engines' `vllm:*` metrics).
@@ -11,7 +12,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from vllm_omni.outputs import StageTiming
+
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -38,6 +42,15 @@ class OmniMetrics:
             "Wall time of one engine step of a diffusion stage",
             ["stage"],
             buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "vllm_omni:stage_request_seconds",
+            "Time one request spent at a stage: 'queued' waiting for one of the stage's "
+            "in-flight slots (back-pressure), 'running' from handing it in until its result "
+            "came back (the stage's own queue and scheduling included)",
+            ["stage", "phase"],
+            buckets=STAGE_BUCKETS,
             registry=r,
         )
         labels = ["stage"]
@@ -79,6 +92,10 @@ class OmniMetrics:
             labels,
             registry=r,
         )
+
+    def observe_stage(self, stage: str, timing: StageTiming) -> None:
+        self.stage_seconds.labels(stage, "queued").observe(timing.start - timing.queued)
+        self.stage_seconds.labels(stage, "running").observe(timing.end - timing.start)
 
     def update_from_stats(self, stats: dict[str, Any]) -> None:
         """Refresh the gauges from OmniEngine.stats() (called on each scrape)."""
