@@ -15,9 +15,11 @@ Trace (`--requests`, Poisson arrivals): 75% small images (64x64, 4-8 steps) and 
 SLOs; `--slo-ms` fixes them instead), sent as `latency_slo_ms`. The arrival rate is `--load`
 times what the server finishes one request at a time (1 / the mean unloaded latency of the
 mix), so that the load is the same on a machine twice as fast (this VM's speed varies that
-much from day to day); `--rate` fixes it instead. Reported per policy: SLO attainment
+much from day to day); `--rate` fixes it instead. `--per-run` scales both to every server's own
+unloaded latencies (it can drift twofold within minutes). Reported per policy: SLO attainment
 (finished within the SLO), goodput (such requests per second of trace), P50/P99 latency of
-each class, the largest latency (starvation: every request must finish), and errors; with
+each class, the largest latency (starvation: every request must finish), errors, and the
+mean time per request at each stage (the server's `vllm_omni:stage_request_seconds`); with
 `--repeats`, the median of each over the runs, and the ratios as geometric means over the
 pairs (the policies alternate: AB BA AB ...).
 """
@@ -36,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_load import percentile, start_server  # noqa: E402
@@ -133,10 +137,38 @@ def summarize(trace, results, slo_ms, span) -> dict:
     return out
 
 
+def stage_seconds(url: str) -> dict[tuple[str, str], list[float]]:
+    """(stage, phase) -> [seconds, requests] so far, from the server's
+    `vllm_omni:stage_request_seconds` histogram."""
+    text = requests.get(f"{url}/metrics", timeout=30).text
+    out: dict[tuple[str, str], list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "vllm_omni:stage_request_seconds":
+            continue
+        for sample in family.samples:
+            key = (sample.labels["stage"], sample.labels["phase"])
+            if sample.name.endswith("_sum"):
+                out.setdefault(key, [0.0, 0.0])[0] = sample.value
+            elif sample.name.endswith("_count"):
+                out.setdefault(key, [0.0, 0.0])[1] = sample.value
+    return out
+
+
+def stage_means(before: dict, after: dict) -> dict[str, float]:
+    """Mean seconds per request at each stage and phase between two scrapes ("dit running":
+    the DiT stage's queue and steps), over every request of the trace."""
+    means = {}
+    for key, (seconds, count) in after.items():
+        seconds0, count0 = before.get(key, (0.0, 0.0))
+        if count > count0:
+            means[" ".join(key)] = (seconds - seconds0) / (count - count0)
+    return means
+
+
 def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) -> dict:
     """Replay the trace on a fresh server with `policy`. Every run measures the unloaded
     latencies; the first builds the SLOs and the trace from them into `shared`, later runs
-    reuse both."""
+    reuse both (with `--per-run`, every run builds its own)."""
     proc, url, log = start_server(model, ["--dit-scheduling-policy", policy])
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
@@ -146,7 +178,7 @@ def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) 
         # Every server gets the same warm-up, and its own unloaded latencies show how fast the
         # machine was during its run (the SLOs and the trace come from the first server's).
         base = {"small": unloaded_ms(client, small, 5), "large": unloaded_ms(client, large)}
-        if "trace" not in shared:
+        if "trace" not in shared or args.per_run:
             mean_s = (SMALL_SHARE * base["small"] + (1 - SMALL_SHARE) * base["large"]) / 1000
             rate = args.rate or args.load / mean_s
             shared["slo_ms"] = {kind: args.slo_x * ms for kind, ms in base.items()}
@@ -156,7 +188,9 @@ def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) 
             shared["rate"] = rate
             shared["trace"] = make_trace(args.requests, rate, args.seed)
             print(f"unloaded small/large {base['small']:.0f}/{base['large']:.0f} ms: {rate:.2f}/s")
+        before = stage_seconds(url)
         result = replay(client, shared["trace"], shared["slo_ms"])
+        result["stage_mean_s"] = stage_means(before, stage_seconds(url))
         result["unloaded_ms"] = base
         result["slo_ms"] = dict(shared["slo_ms"])
         result["rate"] = shared["rate"]
@@ -179,11 +213,20 @@ def main() -> None:
         "--slo-ms", type=float, nargs=2, metavar=("SMALL", "LARGE"), help="fixed SLOs instead"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--per-run",
+        action="store_true",
+        help="every run scales the SLOs (--slo-x) and the arrival rate (--load) to its own "
+        "server's unloaded latencies: the same trace at the same relative load and SLOs, on a "
+        "machine whose speed drifts between runs",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per policy, alternating")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.repeats < 1 or args.load <= 0 or (args.rate is not None and args.rate <= 0):
         parser.error("--repeats must be >= 1, --load and --rate > 0")
+    if args.per_run and (args.rate or args.slo_ms):
+        parser.error("--per-run scales rate and SLOs itself: drop --rate and --slo-ms")
     model = str(build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"])
     runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
     shared: dict = {}
@@ -256,6 +299,12 @@ def report(policy: str, r: dict) -> None:
         + (
             f", unloaded {r['unloaded_ms']['small']:.0f}/{r['unloaded_ms']['large']:.0f} ms"
             if "unloaded_ms" in r
+            else ""
+        )
+        + (
+            ", mean per stage "
+            + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r["stage_mean_s"].items())
+            if r.get("stage_mean_s")
             else ""
         )
     )
