@@ -176,7 +176,8 @@ def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) 
         one_image(client, small, None)  # warm-up
         one_image(client, large, None)
         # Every server gets the same warm-up, and its own unloaded latencies show how fast the
-        # machine was during its run (the SLOs and the trace come from the first server's).
+        # machine was during its run (the SLOs and the trace come from the first server's, or
+        # with --per-run from its own).
         base = {"small": unloaded_ms(client, small, 5), "large": unloaded_ms(client, large)}
         if "trace" not in shared or args.per_run:
             mean_s = (SMALL_SHARE * base["small"] + (1 - SMALL_SHARE) * base["large"]) / 1000
