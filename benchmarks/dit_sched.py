@@ -21,7 +21,16 @@ unloaded latencies (it can drift twofold within minutes). Reported per policy: S
 each class, the largest latency (starvation: every request must finish), errors, and the
 mean time per request at each stage (the server's `vllm_omni:stage_request_seconds`); with
 `--repeats`, the median of each over the runs, and the ratios as geometric means over the
-pairs (the policies alternate: AB BA AB ...).
+pairs (the policies alternate: AB BA AB ...). `--admission-control` starts the deadline
+server with `--dit-admission-control`: a refused request (HTTP 429) counts as a missed SLO and
+in no latency percentile.
+
+`--floor` adds a third server per repeat, in the alternation: fcfs on the same trace with its
+large requests left out (the small ones at the same arrival times). No order of the DiT queue
+can give small requests less than having no large image on the machine at all, so its small P99
+bounds what any policy that serves every request can reach (admission control, which refuses
+some, can go below it); printed as floor / fcfs (the best ratio such a policy could show) and
+deadline / floor (how far the policy is from it).
 """
 
 from __future__ import annotations
@@ -115,24 +124,35 @@ def replay(client: openai.OpenAI, trace: list[Job], slo_ms: dict[str, float]) ->
     return summarize(trace, results, slo_ms, span)
 
 
+REFUSED = "RateLimitError"  # HTTP 429: admission control refused the request
+
+
 def summarize(trace, results, slo_ms, span) -> dict:
+    """A refused request counts as a missed SLO, and its latency in no percentile (it
+    took no work)."""
     met = [j for j in trace if results[j.index][1] is None and
            results[j.index][0] * 1000 <= slo_ms[j.kind]]  # fmt: skip
+    served = [j for j in trace if results[j.index][1] != REFUSED]
     out: dict[str, Any] = {
         "requests": len(trace),
-        "errors": sum(1 for r in results.values() if r[1] is not None),
+        "errors": sum(1 for r in results.values() if r[1] not in (None, REFUSED)),
+        "refused": len(trace) - len(served),
         "slo_attainment": len(met) / len(trace),
         "goodput_rps": len(met) / span,
         "span_s": span,
-        "max_latency_s": max(r[0] for r in results.values()),
+        "max_latency_s": max((results[j.index][0] for j in served), default=0.0),
     }
     for kind in ("small", "large"):
-        lat = [results[j.index][0] for j in trace if j.kind == kind]
+        jobs = [j for j in trace if j.kind == kind]
+        lat = [results[j.index][0] for j in served if j.kind == kind]
+        if not jobs:  # the floor's trace has no large requests
+            continue
         out[kind] = {
-            "n": len(lat),
-            "p50_s": percentile(lat, 50),
-            "p99_s": percentile(lat, 99),
-            "slo_attainment": sum(1 for j in met if j.kind == kind) / max(1, len(lat)),
+            "n": len(jobs),
+            "refused": len(jobs) - len(lat),
+            "p50_s": percentile(lat, 50) if lat else 0.0,
+            "p99_s": percentile(lat, 99) if lat else 0.0,
+            "slo_attainment": sum(1 for j in met if j.kind == kind) / len(jobs),
         }
     return out
 
@@ -165,11 +185,17 @@ def stage_means(before: dict, after: dict) -> dict[str, float]:
     return means
 
 
-def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) -> dict:
-    """Replay the trace on a fresh server with `policy`. Every run measures the unloaded
-    latencies; the first builds the SLOs and the trace from them into `shared`, later runs
-    reuse both (with `--per-run`, every run builds its own)."""
-    proc, url, log = start_server(model, ["--dit-scheduling-policy", policy])
+def run_policy(
+    model: str, policy: str, args: argparse.Namespace, shared: dict, small_only: bool = False
+) -> dict:
+    """Replay the trace on a fresh server with `policy` (`small_only`: the trace's small
+    requests only, the floor). Every run measures the unloaded latencies; the first builds the
+    SLOs and the trace from them into `shared`, later runs reuse both (with `--per-run`, every
+    run builds its own)."""
+    extra = ["--dit-scheduling-policy", policy]
+    if policy == "deadline" and args.admission_control:
+        extra.append("--dit-admission-control")
+    proc, url, log = start_server(model, extra)
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
         small, large = Job(10**6, 0, "small", 64, 6), Job(10**6, 0, "large", 192, 25)
@@ -189,8 +215,11 @@ def run_policy(model: str, policy: str, args: argparse.Namespace, shared: dict) 
             shared["rate"] = rate
             shared["trace"] = make_trace(args.requests, rate, args.seed)
             print(f"unloaded small/large {base['small']:.0f}/{base['large']:.0f} ms: {rate:.2f}/s")
+        trace = shared["trace"]
+        if small_only:
+            trace = [job for job in trace if job.kind == "small"]
         before = stage_seconds(url)
-        result = replay(client, shared["trace"], shared["slo_ms"])
+        result = replay(client, trace, shared["slo_ms"])
         result["stage_mean_s"] = stage_means(before, stage_seconds(url))
         result["unloaded_ms"] = base
         result["slo_ms"] = dict(shared["slo_ms"])
@@ -222,6 +251,18 @@ def main() -> None:
         "machine whose speed drifts between runs",
     )
     parser.add_argument("--repeats", type=int, default=2, help="runs per policy, alternating")
+    parser.add_argument(
+        "--admission-control",
+        action="store_true",
+        help="the deadline server refuses (HTTP 429) requests it cannot finish in time; they "
+        "count as missed, and in no latency percentile",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run fcfs on the trace without its large requests: the small P99 no policy "
+        "can beat",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.repeats < 1 or args.load <= 0 or (args.rate is not None and args.rate <= 0):
@@ -229,20 +270,29 @@ def main() -> None:
     if args.per_run and (args.rate or args.slo_ms):
         parser.error("--per-run scales rate and SLOs itself: drop --rate and --slo-ms")
     model = str(build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"])
-    runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
+    variants = POLICIES + (("floor",) if args.floor else ())
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     shared: dict = {}
     for i in range(args.repeats):
-        for policy in POLICIES if i % 2 == 0 else POLICIES[::-1]:
-            runs[policy].append(run_policy(model, policy, args, shared))
-            report(policy, runs[policy][-1])
-    medians = {p: _medians(r) for p, r in runs.items()}
-    for policy in POLICIES:
-        report(f"{policy} (median)", medians[policy])
+        for variant in variants if i % 2 == 0 else variants[::-1]:
+            small_only = variant == "floor"
+            policy = "fcfs" if small_only else variant
+            runs[variant].append(run_policy(model, policy, args, shared, small_only))
+            report(variant, runs[variant][-1])
+    medians = {v: _medians(r) for v, r in runs.items()}
+    for variant in variants:
+        report(f"{variant} (median)", medians[variant])
     ratios = paired_ratios(runs)
     print(
         f"\ndeadline / fcfs: SLO attainment {ratios['slo_attainment']:.2f}x, "
         f"small P99 {ratios['small_p99']:.2f}x, large P99 {ratios['large_p99']:.2f}x"
     )
+    if args.floor:
+        print(
+            f"small P99: floor / fcfs {ratios['floor_small_p99']:.2f}x (the best a policy "
+            f"serving all could show), "
+            f"deadline / floor {ratios['deadline_over_floor_small_p99']:.2f}x"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         out = {
@@ -267,35 +317,50 @@ def _medians(results: list[dict]) -> dict:
         return statistics.median(values)
 
     out: dict[str, Any] = {"slo_ms": results[0]["slo_ms"]}
-    for key in ("slo_attainment", "goodput_rps", "max_latency_s", "errors"):
+    for key in ("slo_attainment", "goodput_rps", "max_latency_s", "errors", "refused"):
         out[key] = median((key,))
     for kind in ("small", "large"):
-        out[kind] = {k: median((kind, k)) for k in ("p50_s", "p99_s", "slo_attainment")}
+        if kind not in results[0]:
+            continue
+        out[kind] = {k: median((kind, k)) for k in ("p50_s", "p99_s", "slo_attainment", "refused")}
     return out
 
 
-def _paired_ratio(runs: dict, metric) -> float:
-    """deadline over fcfs, geometric mean over the pairs of runs."""
-    values = [metric(d) / max(1e-9, metric(f)) for d, f in zip(runs["deadline"], runs["fcfs"])]
+def _paired_ratio(runs: dict, metric, num: str = "deadline", den: str = "fcfs") -> float:
+    """`num` over `den`, geometric mean over the pairs of runs (run i of each)."""
+    values = [metric(n) / max(1e-9, metric(d)) for n, d in zip(runs[num], runs[den])]
     return statistics.geometric_mean(values) if all(v > 0 for v in values) else 0.0
 
 
 def paired_ratios(runs: dict) -> dict[str, float]:
-    """deadline over fcfs of SLO attainment and each class's P99 latency."""
-    return {
+    """deadline over fcfs of SLO attainment and each class's P99 latency; with a floor, its
+    small P99 over fcfs's and deadline's over it."""
+    small_p99 = lambda r: r["small"]["p99_s"]  # noqa: E731
+    ratios = {
         "slo_attainment": _paired_ratio(runs, lambda r: r["slo_attainment"]),
-        "small_p99": _paired_ratio(runs, lambda r: r["small"]["p99_s"]),
+        "small_p99": _paired_ratio(runs, small_p99),
         "large_p99": _paired_ratio(runs, lambda r: r["large"]["p99_s"]),
     }
+    if runs.get("floor"):
+        ratios["floor_small_p99"] = _paired_ratio(runs, small_p99, "floor", "fcfs")
+        ratios["deadline_over_floor_small_p99"] = _paired_ratio(
+            runs, small_p99, "deadline", "floor"
+        )
+    return ratios
 
 
 def report(policy: str, r: dict) -> None:
+    large = r.get("large")  # none in the floor's runs
     print(
         f"{policy:>17}: SLO attainment {r['slo_attainment']:.0%} "
-        f"(small {r['small']['slo_attainment']:.0%}, large {r['large']['slo_attainment']:.0%}), "
-        f"goodput {r['goodput_rps']:.2f} req/s, small P50/P99 {r['small']['p50_s']:.2f}/"
-        f"{r['small']['p99_s']:.2f} s, large P50/P99 {r['large']['p50_s']:.2f}/"
-        f"{r['large']['p99_s']:.2f} s, max {r['max_latency_s']:.1f} s, errors {r['errors']:.0f}, "
+        f"(small {r['small']['slo_attainment']:.0%}"
+        + (f", large {large['slo_attainment']:.0%}" if large else "")
+        + f"), goodput {r['goodput_rps']:.2f} req/s, small P50/P99 {r['small']['p50_s']:.2f}/"
+        f"{r['small']['p99_s']:.2f} s"
+        + (f", large P50/P99 {large['p50_s']:.2f}/{large['p99_s']:.2f} s" if large else "")
+        + f", max {r['max_latency_s']:.1f} s, errors {r['errors']:.0f}"
+        + (f", refused {r['refused']:.0f}" if r.get("refused") else "")
+        + ", "
         f"SLO ms {r['slo_ms']['small']:.0f}/{r['slo_ms']['large']:.0f}"
         + (
             f", unloaded {r['unloaded_ms']['small']:.0f}/{r['unloaded_ms']['large']:.0f} ms"
