@@ -1,28 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchmarks/cpp_fresh.py's analysis of step records: which pipeline model explains a TTFT."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from vllm_omni.cpp.cost_model import CostModel
 from vllm_omni.cpp.simulator import simulate
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .loader import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def cpp_fresh():
-    sys.path.insert(0, str(BENCHMARKS))  # cpp_fresh imports cpp_ttft as a sibling
-    try:
-        spec = importlib.util.spec_from_file_location("cpp_fresh", BENCHMARKS / "cpp_fresh.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with load_benchmark("cpp_fresh") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def records_of(timeline) -> list[list[dict]]:

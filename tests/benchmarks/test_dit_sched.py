@@ -1,28 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchmarks/dit_sched.py: how a replayed trace is scored (no server started)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .loader import load_benchmark
+
 SLO_MS = {"small": 100.0, "large": 300.0}
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))  # dit_sched imports serve_load as a sibling
-    try:
-        spec = importlib.util.spec_from_file_location("dit_sched", BENCHMARKS / "dit_sched.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["dit_sched"] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
+    with load_benchmark("dit_sched") as module:
         yield module
-    finally:
-        sys.modules.pop("dit_sched", None)
-        sys.path.remove(str(BENCHMARKS))
 
 
 def _jobs(bench, kinds: str) -> list:

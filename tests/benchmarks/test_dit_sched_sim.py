@@ -1,14 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchmarks/dit_sched_sim.py: the DiT scheduler on a virtual clock, with fixed step costs."""
 
-import importlib.util
-import sys
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .loader import load_benchmark
+
 # Seconds as (fixed, per request): the tiny Qwen-Image's DiT on a 2-core CPU, about.
 COSTS = {64: {"step": (0.003, 0.0003), "decode": (0.01, 0.003)},
          192: {"step": (0.004, 0.001), "decode": (0.01, 0.02)}}  # fmt: skip
@@ -17,16 +15,8 @@ SLO_MS = {"small": 236, "large": 1058}
 
 @pytest.fixture(scope="module")
 def sim():
-    sys.path.insert(0, str(BENCHMARKS))  # dit_sched_sim imports dit_sched as a sibling
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "dit_sched_sim", BENCHMARKS / "dit_sched_sim.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with load_benchmark("dit_sched_sim") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def _run(sim, policy: str, rate: float, contention: float) -> dict:
