@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import socket
@@ -256,6 +257,18 @@ def summarize(samples: list[Sample], wall: float, solo: dict[int, float]) -> dic
         "throughput_rps": len(samples) / wall,
         "errors": sum(s.error is not None for s in samples),
         "num_short": len(short),
+        # Per request, for a look at where the misses are (arrival, TTFT, SLO: seconds).
+        "requests": [
+            {
+                "kind": s.kind,
+                "prompt_len": s.prompt_len,
+                "at": s.at,
+                "ttft_s": s.ttft_s,
+                "slo_ttft_s": s.slo_ttft_s,
+                "max_gap_s": max(s.gaps_s, default=0.0),
+            }
+            for s in samples
+        ],  # fmt: skip
     }
 
 
@@ -311,6 +324,9 @@ def main() -> None:
     parser.add_argument(
         "--dtype", default="auto", help="as vLLM's; auto is float32 on CPUs without native bf16"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="servers per configuration, run in alternation"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     longs = [int(x) for x in args.longs.split(",")]
@@ -325,59 +341,124 @@ def main() -> None:
         dtype = str(resolved_on_this_cpu(torch.bfloat16)).removeprefix("torch.")
     print(f"dtype: {dtype}", flush=True)
     ensure_calibration(model, dtype, max(longs))
-    # results[regime][config][load]
-    results: dict[str, dict[str, dict]] = {r: {} for r in regimes}
-    for name in args.configs.split(","):
-        server = Server(model, CONFIGS[name], args.dtype)
-        reads_slos = "--cpp-slo" in CONFIGS[name]
-        try:
-            ttft, tpot, solo = unloaded(server, random.Random(args.seed + 99), longs)
-            print(
-                f"[{name}] unloaded TTFT {ttft}, TPOT {tpot * 1e3:.1f} ms, solo long {solo}",
-                flush=True,
-            )
-            for load in args.loads.split(","):
-                measured = None
-                for regime in regimes:
-                    if measured is not None and not reads_slos:
-                        samples = rescored(measured, regime, ttft, tpot, solo)
-                        counted = None
-                    else:
-                        rate = LOADS[load] * args.rate_scale
-                        samples = trace(args.seed, rate, args.duration, longs)
-                        assign_slos(samples, regime, ttft, tpot, solo)
-                        before = engine_slo_counts(server)
-                        wall = replay(server, samples, args.seed + 1, "priority" in CONFIGS[name])
-                        after = engine_slo_counts(server)
-                        counted = {k: after[k] - before[k] for k in after}
-                        measured = samples
-                    summary = summarize(samples, wall, solo)
-                    results[regime].setdefault(name, {})[load] = summary
-                    summary["dtype"] = dtype
-                    summary["unloaded_ttft_s"] = {str(n): t for n, t in ttft.items()}
-                    summary["solo_long_ttft_s"] = {str(n): t for n, t in solo.items()}
-                    summary["client_ttft_met"] = sum(s.ttft_ok for s in samples)
-                    summary["client_tpot_met"] = sum(
-                        g <= s.slo_tpot_s for s in samples for g in s.gaps_s
-                    )
-                    report(f"{name}/{load}/{regime}", summary)
-                    if reads_slos and counted is not None:  # the scheduler's own count
-                        summary["engine_counted"] = e = counted
-                        print(
-                            f"[{name}/{load}/{regime}] engine-side counts (/metrics): TTFT met "
-                            f"{e['ttft_met']:.0f} missed {e['ttft_missed']:.0f} (client: met "
-                            f"{summary['client_ttft_met']} of {len(samples)}), TPOT steps met "
-                            f"{e['tpot_met']:.0f} missed {e['tpot_missed']:.0f} (client: met "
-                            f"{summary['client_tpot_met']})",
-                            flush=True,
-                        )
-        finally:
-            server.stop()
+    runs: dict[str, list[dict]] = {name: [] for name in args.configs.split(",")}
+    for rep in range(args.repeats):
+        names = list(runs)
+        if rep % 2:  # alternate the order: on a VM whose speed drifts, each pays the drift
+            names.reverse()
+        for name in names:
+            print(f"--- repeat {rep + 1}/{args.repeats}: {name}", flush=True)
+            runs[name].append(run_server(name, model, dtype, longs, regimes, args))
+    # results[regime][config][load]: the median run's figures, every run under "runs"
+    results = {
+        r: {name: {load: merged([run[r][load] for run in rs]) for load in rs[0][r]}
+            for name, rs in runs.items()}
+        for r in regimes
+    }  # fmt: skip
     for regime in regimes:
         print_table(regime, results[regime], args.loads.split(","))
+        if "CPP" in runs and "CPP+SLO" in runs:
+            print_paired(regime, runs["CPP+SLO"], runs["CPP"], args.loads.split(","))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def run_server(name: str, model: str, dtype: str, longs, regimes, args) -> dict:
+    """One server of this configuration: its unloaded latencies (its SLOs are scaled to them),
+    then the trace at every load. Returns {regime: {load: figures}}."""
+    results: dict[str, dict] = {r: {} for r in regimes}
+    server = Server(model, CONFIGS[name], args.dtype)
+    reads_slos = "--cpp-slo" in CONFIGS[name]
+    try:
+        ttft, tpot, solo = unloaded(server, random.Random(args.seed + 99), longs)
+        print(
+            f"[{name}] unloaded TTFT {ttft}, TPOT {tpot * 1e3:.1f} ms, solo long {solo}",
+            flush=True,
+        )
+        for load in args.loads.split(","):
+            measured = None
+            for regime in regimes:
+                if measured is not None and not reads_slos:
+                    samples = rescored(measured, regime, ttft, tpot, solo)
+                    counted = None
+                else:
+                    rate = LOADS[load] * args.rate_scale
+                    samples = trace(args.seed, rate, args.duration, longs)
+                    assign_slos(samples, regime, ttft, tpot, solo)
+                    before = engine_slo_counts(server)
+                    wall = replay(server, samples, args.seed + 1, "priority" in CONFIGS[name])
+                    after = engine_slo_counts(server)
+                    counted = {k: after[k] - before[k] for k in after}
+                    measured = samples
+                summary = summarize(samples, wall, solo)
+                results[regime][load] = summary
+                summary["dtype"] = dtype
+                summary["unloaded_ttft_s"] = {str(n): t for n, t in ttft.items()}
+                summary["solo_long_ttft_s"] = {str(n): t for n, t in solo.items()}
+                summary["client_ttft_met"] = sum(s.ttft_ok for s in samples)
+                summary["client_tpot_met"] = sum(
+                    g <= s.slo_tpot_s for s in samples for g in s.gaps_s
+                )
+                report(f"{name}/{load}/{regime}", summary)
+                if reads_slos and counted is not None:  # the scheduler's own count
+                    summary["engine_counted"] = e = counted
+                    print(
+                        f"[{name}/{load}/{regime}] engine-side counts (/metrics): TTFT met "
+                        f"{e['ttft_met']:.0f} missed {e['ttft_missed']:.0f} (client: met "
+                        f"{summary['client_ttft_met']} of {len(samples)}), TPOT steps met "
+                        f"{e['tpot_met']:.0f} missed {e['tpot_missed']:.0f} (client: met "
+                        f"{summary['client_tpot_met']})",
+                        flush=True,
+                    )
+    finally:
+        server.stop()
+    return results
+
+
+SCALARS = (
+    "short_ttft_attainment", "short_ttft_attainment_during_long", "tpot_attainment",
+    "goodput_rps", "short_ttft_p50_s", "short_ttft_p99_s", "tpot_p99_s", "throughput_rps",
+)  # fmt: skip
+"""Figures reported as the median over repeats; the rest come from the run of median goodput."""
+
+
+def merged(runs: list[dict]) -> dict:
+    """Several runs of one configuration and load as one: the median of each figure (and of
+    each long prompt's ratio to solo), the run itself for everything else, and all the runs."""
+    if len(runs) == 1:
+        return runs[0]
+    middle = sorted(runs, key=lambda r: r["goodput_rps"])[len(runs) // 2]
+    out = {k: v for k, v in middle.items() if k != "requests"}
+    for key in SCALARS:
+        out[key] = statistics.median(r[key] for r in runs)
+    out["long_ttft_over_solo"] = [
+        statistics.median(ratios) for ratios in zip(*(r["long_ttft_over_solo"] for r in runs))
+    ]
+    out["runs"] = runs
+    return out
+
+
+PAIRED = (
+    ("short_ttft_attainment", "short TTFT ok"), ("goodput_rps", "goodput"),
+    ("short_ttft_p99_s", "short P99"), ("tpot_attainment", "TPOT ok"),
+)  # fmt: skip
+
+
+def print_paired(regime: str, slo_runs: list[dict], cpp_runs: list[dict], loads) -> None:
+    """CPP+SLO over plain CPP, repeat by repeat (servers of one repeat ran back to back),
+    with the median ratio: the comparison this noisy machine allows."""
+    print(f"\nCPP+SLO / CPP, {regime} regime, per repeat (median):")
+    for load in loads:
+        parts = []
+        for key, label in PAIRED:
+            ratios = [
+                a[regime][load][key] / b[regime][load][key] if b[regime][load][key] else math.nan
+                for a, b in zip(slo_runs, cpp_runs)
+            ]
+            each = " ".join(f"{x:.2f}" for x in ratios)
+            parts.append(f"{label} {each} ({statistics.median(ratios):.2f}x)")
+        print(f"  {load:5s} " + "; ".join(parts))
 
 
 def ensure_calibration(model: str, dtype: str, max_context: int) -> None:
