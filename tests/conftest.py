@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.hub import offline_hub_at
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 _SESSION = pytest.StashKey[pytest.Session]()
@@ -21,6 +22,29 @@ _SESSION = pytest.StashKey[pytest.Session]()
 def tiny_models() -> dict[str, Path]:
     """All tiny models (name -> folder), built once into the shared cache and reused after."""
     return build_tiny_models(default_models_dir())
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory) -> Path:
+    """A Hugging Face hub cache of this session holding the tiny models under the real repo
+    names (vllm_omni/models/tiny_hub.py). Use it through `hub_env` or `offline_hub`."""
+    from vllm_omni.models.tiny_hub import build_hub_cache
+
+    cache = tmp_path_factory.mktemp("hf-hub")
+    build_hub_cache(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def hub_env(hub_cache) -> dict[str, str]:
+    """The environment of a process that finds models in `hub_cache`, offline."""
+    return {"HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture
+def offline_hub(hub_cache) -> Iterator[Path]:
+    with offline_hub_at(hub_cache):
+        yield hub_cache
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import pytest
 from vllm_omni import DiffusionSamplingParams, OmniLLM
 
 from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+from ..hub import offline_hub_at
 
 pytestmark = pytest.mark.engine
 
@@ -31,11 +32,13 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def omni(tiny_models):
-    llm = OmniLLM(
-        tiny_models["qwen-image"],
-        stage_overrides={"text_encoder": {"engine_args": {"enforce_eager": True}}},
-    )
+def omni(hub_cache):
+    """By the repo id a user types, from a Hugging Face cache holding the tiny model, offline."""
+    with offline_hub_at(hub_cache):
+        llm = OmniLLM(
+            "Qwen/Qwen-Image",
+            stage_overrides={"text_encoder": {"engine_args": {"enforce_eager": True}}},
+        )
     yield llm
     llm.shutdown()
 

@@ -31,12 +31,11 @@ MAX_PIXELS = 512 * 512  # --max-image-pixels; the disconnect test asks for exact
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models):
-    model = str(tiny_models["qwen-image"])
+def server(hub_env):
     command = [
         str(BIN / "vllm"),
         "serve",
-        model,
+        "Qwen/Qwen-Image",  # the tiny model under the real name, in a hub cache (offline)
         "--omni",
         "--enforce-eager",
         "--served-model-name",
@@ -51,7 +50,7 @@ def server(tiny_models):
         "deadline",
         "--dit-admission-control",
     ]
-    with ServerProcess(command, api_key=API_KEY) as server:
+    with ServerProcess(command, env=hub_env, api_key=API_KEY) as server:
         yield server
         # Stop it here, to read what it printed while shutting down.
         server.proc.terminate()

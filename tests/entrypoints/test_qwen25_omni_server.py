@@ -19,28 +19,28 @@ from ..server import BIN, ServerProcess
 
 pytestmark = pytest.mark.engine
 
-MODEL = "tiny-omni"
+MODEL = "Qwen/Qwen2.5-Omni-7B"  # the tiny model, stored under the real name (hub_cache)
 MESSAGES = [{"role": "user", "content": "Hello there, how are you today?"}]
 SAMPLES_PER_CODE = 480
 GREEDY = {"temperature": 0, "max_tokens": 24, "seed": 11}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models):
+def server(hub_env):
+    """Served by the name a user types, found in a Hugging Face cache offline; the served
+    model name is that name, as in vLLM."""
     command = [
         str(BIN / "vllm"),
         "serve",
-        str(tiny_models["qwen2.5-omni"]),
+        MODEL,
         "--omni",
         "--enforce-eager",  # compiled: `make demo` (CI runs it before the tests)
         "--dtype",
         "float32",
         "--max-model-len",
         "2048",
-        "--served-model-name",
-        MODEL,
     ]
-    with ServerProcess(command) as server:
+    with ServerProcess(command, env=hub_env) as server:
         yield server
 
 

@@ -14,15 +14,18 @@ errors name the field, e.g. `stages[1].dit.max_num_seqs: must be an integer >= 1
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from vllm_omni.config.model_source import fetch_model, is_repo_id
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.scheduler import SCHEDULING_MODES
+
+Locate = Callable[[str], Path]
 
 ENGINE_TYPES = ("AR", "DiT")
 # Registered names, per engine type.
@@ -147,7 +150,12 @@ class StageConfig:
         return DiTConfig.from_dict({"model": self.model, **self.dit}, where="dit")
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], base_dir: Path | None = None) -> StageConfig:
+    def from_dict(
+        cls,
+        values: Mapping[str, Any],
+        base_dir: Path | None = None,
+        locate: Locate | None = None,
+    ) -> StageConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -158,7 +166,7 @@ class StageConfig:
         values = dict(values)
         for key in ("model", "tokenizer"):
             if values.get(key) is not None:
-                values[key] = _resolve_path(key, values[key], base_dir)
+                values[key] = _resolve_path(key, values[key], base_dir, locate)
         for key in ("input_modalities", "output_modalities"):
             if key in values:
                 values[key] = tuple(values[key])
@@ -241,7 +249,14 @@ class StageGraph:
         return [s.name for s in self.topological_order() if s.name in needed]
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], base_dir: Path | None = None) -> StageGraph:
+    def from_dict(
+        cls,
+        values: Mapping[str, Any],
+        base_dir: Path | None = None,
+        locate: Locate | None = None,
+    ) -> StageGraph:
+        """`base_dir`: where relative model paths start; `locate(hub id) -> folder` finds a
+        stage's model given as a hub repo id (default: model_source.fetch_model)."""
         if not isinstance(values, Mapping):
             raise ValueError("stage graph: must be a mapping with a 'stages' list")
         unknown = sorted(set(values) - {"stages", "model_type"})
@@ -255,7 +270,7 @@ class StageGraph:
             if not isinstance(stage, Mapping):
                 raise ValueError(f"stages[{i}]: must be a mapping")
             try:
-                stages.append(StageConfig.from_dict(stage, base_dir))
+                stages.append(StageConfig.from_dict(stage, base_dir, locate))
             except (ValueError, TypeError) as e:
                 raise ValueError(f"stages[{i}].{e}") from None
         return cls(stages=tuple(stages), model_type=values.get("model_type"))
@@ -294,10 +309,18 @@ def _merge(target: dict, update: Mapping) -> None:
             target[key] = value
 
 
-def _resolve_path(key: str, value: Any, base_dir: Path | None) -> str:
+def _resolve_path(key: str, value: Any, base_dir: Path | None, locate: Locate | None) -> str:
+    """A local path (relative ones against `base_dir`), else a hub repo id's folder."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{key}: must be a non-empty path, got {value!r}")
     path = Path(value).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    return str(path)
+    # A hub id in a graph is `owner/name`: a bare name is a folder beside the graph.
+    if path.exists() or "/" not in value or not is_repo_id(value):
+        return str(path)
+    try:
+        return str((locate or fetch_model)(value))
+    except ValueError as e:
+        looked = f"not a folder ({path}), and as a hub repo: "
+        raise ValueError(f"{key}: {looked}{str(e).removeprefix('model: ')}") from None

@@ -43,9 +43,15 @@ class AsyncOmniLLM:
         *,
         stage_configs: str | Path | StageGraph | Mapping | None = None,
         stage_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        revision: str | None = None,
+        download_dir: str | Path | None = None,
     ) -> AsyncOmniLLM:
-        """Build the stage graph (as OmniLLM does) and start every stage."""
-        engine = OmniEngine(resolve_stage_graph(model, stage_configs, stage_overrides))
+        """Build the stage graph (as OmniLLM does; `model` a folder or hub repo id) and start
+        every stage."""
+        graph = resolve_stage_graph(
+            model, stage_configs, stage_overrides, revision=revision, download_dir=download_dir
+        )
+        engine = OmniEngine(graph)
         await engine.start()
         return cls(engine)
 

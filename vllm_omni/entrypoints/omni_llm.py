@@ -30,9 +30,11 @@ Prompt = str | Mapping[str, str]
 
 
 class OmniLLM:
-    """`model`: a model folder; its stage graph is built in (see `config/model_defaults.py`)
-    unless `stage_configs` gives one (YAML path, dict or StageGraph). `stage_overrides`
-    patches stages by name, e.g. `{"dit": {"dit": {"max_num_seqs": 16}}}`."""
+    """`model`: a model folder or a Hugging Face hub repo id (e.g. "Qwen/Qwen-Image", found in
+    or fetched into huggingface_hub's cache, or `download_dir`, at `revision`); its stage graph
+    is built in (see `config/model_defaults.py`) unless `stage_configs` gives one (YAML path,
+    dict or StageGraph). `stage_overrides` patches stages by name, e.g.
+    `{"dit": {"dit": {"max_num_seqs": 16}}}`."""
 
     def __init__(
         self,
@@ -40,8 +42,12 @@ class OmniLLM:
         *,
         stage_configs: str | Path | StageGraph | Mapping | None = None,
         stage_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        revision: str | None = None,
+        download_dir: str | Path | None = None,
     ) -> None:
-        self.graph = resolve_stage_graph(model, stage_configs, stage_overrides)
+        self.graph = resolve_stage_graph(
+            model, stage_configs, stage_overrides, revision=revision, download_dir=download_dir
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="OmniLLM", daemon=True)
         self._thread.start()

@@ -2,17 +2,19 @@
 """`vllm-omni serve MODEL` / `vllm serve MODEL --omni`: vLLM's serve command plus omni options
 (`--cpp` and `--cpp-*`: chunked pipeline parallelism, see vllm_omni.cpp).
 
-An LM folder is served by vLLM's own OpenAI server (all of vLLM's flags apply). A diffusers
-pipeline folder (one with `model_index.json`), or any model given `--stage-configs`, is served
-by the omni server over its stage graph (vllm_omni.entrypoints.openai.api_server); of vLLM's
-flags it uses --host, --port, --api-key, --served-model-name, --uvicorn-log-level, and passes
---enforce-eager, --cpp and -pp on to the graph's AR stages.
+MODEL is a folder or a Hugging Face hub repo id (resolved through huggingface_hub's cache, with
+--revision, --download-dir, HF_HUB_OFFLINE and HF_TOKEN, config/model_source.py). A plain
+language model is served by vLLM's own OpenAI server (all of vLLM's flags apply). A diffusers
+pipeline (`model_index.json`), a transformers model with a built-in graph (Qwen2.5-Omni), or any
+model given `--stage-configs`, is served by the omni server over its stage graph
+(vllm_omni.entrypoints.openai.api_server); of vLLM's flags it uses --host, --port, --api-key,
+--served-model-name, --revision, --download-dir, --uvicorn-log-level, and passes --enforce-eager,
+--dtype, --max-model-len, --cpp and -pp on to the graph's AR stages.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from vllm.entrypoints.cli.serve import ServeSubcommand
 
@@ -24,21 +26,24 @@ from vllm_omni.logger import init_logger
 logger = init_logger(__name__)
 
 
-def is_diffusers_pipeline(model: str) -> bool:
-    return (Path(model) / "model_index.json").is_file()
+def is_multi_stage(
+    model: str, revision: str | None = None, download_dir: str | None = None
+) -> bool:
+    """A diffusers pipeline, or a transformers model with a graph of its own (Qwen2.5-Omni);
+    a plain language model is served by vLLM's own server. `model` is a folder or a hub repo id,
+    judged from its config files alone (no weights are fetched). A local file or folder that is
+    neither kind is left to vLLM (GGUF, Mistral's format); a hub repo that cannot be read, or
+    is neither kind, is an error naming it."""
+    from vllm_omni.config.model_defaults import inspect_model
+    from vllm_omni.config.model_source import is_local
 
-
-def is_multi_stage(model: str) -> bool:
-    """A diffusers pipeline, or a transformers folder with a graph of its own (Qwen2.5-Omni);
-    a plain language model is served by vLLM's own server."""
-    from vllm_omni.config.model_defaults import CONFIG_MODEL_TYPES, detect_model_type
-
-    if is_diffusers_pipeline(model):
-        return True
     try:
-        return detect_model_type(model) in CONFIG_MODEL_TYPES
-    except ValueError:
-        return False
+        model_type = inspect_model(model, revision=revision, download_dir=download_dir)
+    except ValueError as e:
+        if is_local(model):
+            return False
+        raise SystemExit(f"vllm-omni serve: error: {e}") from None
+    return model_type != "lm"
 
 
 class OmniServeCommand(ServeSubcommand):
@@ -104,7 +109,9 @@ class OmniServeCommand(ServeSubcommand):
     def cmd(args: argparse.Namespace) -> None:
         if getattr(args, "model_tag", None) is not None:
             args.model = args.model_tag
-        if is_multi_stage(args.model) or args.stage_configs is not None:
+        if args.stage_configs is not None or is_multi_stage(
+            args.model, args.revision, args.download_dir
+        ):
             serve_stage_graph(args)
             return
         ServeSubcommand.cmd(args)
@@ -134,7 +141,9 @@ def server_config(args: argparse.Namespace):
     from vllm_omni.entrypoints.openai.api_server import ServerConfig
 
     try:
-        graph = resolve_stage_graph(args.model, args.stage_configs)
+        graph = resolve_stage_graph(
+            args.model, args.stage_configs, revision=args.revision, download_dir=args.download_dir
+        )
     except ValueError as e:
         raise SystemExit(f"vllm-omni serve: error: {e}") from None
     overrides = {}
@@ -175,4 +184,6 @@ def server_config(args: argparse.Namespace):
         max_pixels=args.max_image_pixels,
         stage_configs=args.stage_configs,
         stage_overrides=overrides,
+        revision=args.revision,
+        download_dir=args.download_dir,
     )

@@ -58,6 +58,8 @@ class ServerConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS
     stage_configs: Any = None
     stage_overrides: Mapping[str, Any] | None = None
+    revision: str | None = None
+    download_dir: str | None = None
 
 
 class ClientDisconnected(Exception):
@@ -88,15 +90,22 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
     """The FastAPI app; it starts the stage graph on startup unless `omni` is given."""
     metrics = OmniMetrics()
     state: dict[str, Any] = {"omni": omni}
+    graph = (
+        omni.graph
+        if omni is not None
+        else resolve_stage_graph(
+            config.model,
+            config.stage_configs,
+            config.stage_overrides,
+            revision=config.revision,
+            download_dir=config.download_dir,
+        )
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if state["omni"] is None:
-            state["omni"] = await AsyncOmniLLM.create(
-                config.model,
-                stage_configs=config.stage_configs,
-                stage_overrides=config.stage_overrides,
-            )
+            state["omni"] = await AsyncOmniLLM.create(stage_configs=graph)
         _observe_stages(state["omni"], metrics)
         logger.info(
             "omni server ready: %s (stages %s)",
@@ -231,10 +240,7 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
             "output_format": "png",
         }
 
-    outputs = resolve_stage_graph(
-        config.model, config.stage_configs, config.stage_overrides
-    ).output_modalities
-    if "image" not in outputs:
+    if "image" not in graph.output_modalities:
         _add_speech_chat(app, state, config, metrics)
         return app
 
