@@ -12,7 +12,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.hub import offline_hub_at
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 _SESSION = pytest.StashKey[pytest.Session]()
@@ -43,6 +42,8 @@ def hub_env(hub_cache) -> dict[str, str]:
 
 @pytest.fixture
 def offline_hub(hub_cache) -> Iterator[Path]:
+    from tests.hub import offline_hub_at
+
     with offline_hub_at(hub_cache):
         yield hub_cache
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every vLLM patch still matches the vLLM function it wraps, and takes effect."""
 
+import os
 import threading
 import time
 
@@ -148,3 +149,20 @@ def test_shm_queue_reader_sleeps_while_it_waits():
     _, cpu_s, wall_s = seen[1]
     assert 0.5 < wall_s < 3  # it waited for the message, and was not left to vLLM's 5 s recheck
     assert cpu_s < 0.15, f"the reader spun: {cpu_s:.2f} s of CPU in {wall_s:.2f} s"
+
+
+def test_cpu_shm_unlink_removes_only_the_groups_names(tmp_path, monkeypatch):
+    group = "vllm_dist_ab12-pp:0-[0-1]-cpushm"  # brackets: glob metacharacters, matched as is
+    for name in (f"{group}_0", f"{group}_1", "vllm_dist_ab12-pp:0-[0-2]-cpushm_0", "other"):
+        (tmp_path / name).write_bytes(b"x")
+    monkeypatch.setattr(_patches, "SHM_DIR", str(tmp_path))
+    calls = []
+
+    class Group:
+        group_name = group
+
+    init = _patches._wrap_init_cpu_shm(lambda self: calls.append(sorted(os.listdir(tmp_path))) or 7)
+    assert init(Group()) == 7
+    assert len(calls[0]) == 4  # vLLM's set-up ran first, with every segment there
+    assert sorted(os.listdir(tmp_path)) == ["other", "vllm_dist_ab12-pp:0-[0-2]-cpushm_0"]
+    assert _patches.unlink_cpu_shm(group) == []  # another rank was first: nothing to do

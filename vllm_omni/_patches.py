@@ -64,6 +64,17 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
         miss a notification and recheck only every 5 s: seen as 4 s stalls with no spin at
         all); past the window, vLLM's own idle wait.
    REMOVE: when vLLM's spin time can be configured, or its readers stop spinning on CPU.
+
+7. cpu_shm_unlink - `cpu_communicator._CPUSHMDistributed._init_cpu_shm`
+   WHY: the CPU communicator of a PP (or TP) group makes one POSIX shared-memory segment per
+        rank (`/dev/shm/<group>-cpushm_<rank>`, a few MB each) and unlinks them only when a
+        worker exits in order; workers ended by a signal leave them behind, so /dev/shm filled
+        up by ~30 MB per `make test` and by more on a host that restarts servers.
+   SCOPE: CPU platform, every group that uses the shared-memory collectives. After vLLM's own
+        set-up, whose last barrier is passed once every rank has mapped every segment, the
+        group's names are unlinked (`unlink_cpu_shm`); the mappings stay valid and the memory
+        goes back to the system when the last rank unmaps it, however it ends.
+   REMOVE: when vLLM unlinks these segments once its ranks have joined them.
 """
 
 from __future__ import annotations
@@ -206,9 +217,37 @@ def _wrap_shm_wait(original: Callable) -> Callable:
     return wait
 
 
+SHM_DIR = "/dev/shm"
+"""Where POSIX shared-memory names live on Linux (patch 7)."""
+
+
+def unlink_cpu_shm(group_name: str) -> list[str]:
+    """Patch 7: unlink a CPU communicator group's segments (`<group_name>_<rank>`); returns the
+    names unlinked. Another rank may unlink a name first: that is fine."""
+    import glob
+    import os
+
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, glob.escape(group_name) + "_*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+    return removed
+
+
+def _wrap_init_cpu_shm(original: Callable) -> Callable:
+    def _init_cpu_shm(self) -> int:
+        handle = original(self)  # ends with a barrier: every rank has joined every segment
+        unlink_cpu_shm(self.group_name)
+        return handle
+
+    return _init_cpu_shm
+
+
 def all_patches() -> list[Patch]:
     import vllm.config.model
     from vllm.config import VllmConfig
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -251,6 +290,13 @@ def all_patches() -> list[Patch]:
             "wait",
             "3c5dd220ba84",
             _wrap_shm_wait,
+        ),
+        Patch(
+            "cpu_shm_unlink",
+            _CPUSHMDistributed,
+            "_init_cpu_shm",
+            "f48239fe4f18",
+            _wrap_init_cpu_shm,
         ),
     ]
 

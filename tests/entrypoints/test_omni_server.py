@@ -28,6 +28,7 @@ pytestmark = pytest.mark.engine
 API_KEY = "test-key"
 FAST = {"num_inference_steps": 2}
 MAX_PIXELS = 512 * 512  # --max-image-pixels; the disconnect test asks for exactly 512x512
+MAX_REQUEST_STEPS = 1000  # --max-request-steps; the disconnect test asks for 1000 steps
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,8 @@ def server(hub_env):
         API_KEY,
         "--max-image-pixels",
         str(MAX_PIXELS),
+        "--max-request-steps",
+        str(MAX_REQUEST_STEPS),
         # The deadline policy serves requests without an SLO too (infinite slack): every test
         # here runs under it; the default (fcfs) runs in test_omni_llm.py and the others.
         "--dit-scheduling-policy",
@@ -132,6 +135,11 @@ def test_concurrent_requests(client) -> None:
         ({"prompt": "x", "latency_slo_ms": 0}, "latency_slo_ms"),
         ({"prompt": "x", "colour": "red"}, "colour"),
         ({"size": "64x64"}, "prompt"),
+        # Work per request: n x num_inference_steps <= --max-request-steps.
+        (
+            {"prompt": "x", "size": "64x64", "n": 9, "num_inference_steps": 446},
+            "num_inference_steps",
+        ),
     ],
 )
 def test_bad_input_is_400_naming_the_field(server, body, param) -> None:
@@ -318,6 +326,9 @@ def test_openapi_states_this_servers_limits(openapi) -> None:
         size = _size_schema(openapi, body)
         assert size["x-max-pixels"] == MAX_PIXELS and size["x-size-multiple"] == 16
         assert size["anyOf"][0]["pattern"] == r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
+        for field in ("n", "num_inference_steps"):
+            properties = openapi["components"]["schemas"][body]["properties"]
+            assert properties[field]["x-max-request-steps"] == MAX_REQUEST_STEPS
 
 
 def _cheap(openapi: dict, body: str) -> dict:

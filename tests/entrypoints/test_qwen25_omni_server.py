@@ -15,6 +15,7 @@ from vllm_omni.entrypoints.openai.speech_chat import audio_samples
 
 from ..hf_reference import one_thread
 from ..media import audio_part, image_part
+from ..openapi_fuzz import fuzz_operation
 from ..server import BIN, ServerProcess
 
 pytestmark = pytest.mark.engine
@@ -186,4 +187,74 @@ def test_bad_requests_get_400_naming_the_field(server, extra, field):
     response = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 400, response.text
     assert field in response.json()["error"]["message"]
+    assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_routes_match_the_graph(server):
+    """A speech graph serves chat, not the Images API; its schema and docs answer 200."""
+    schema = requests.get(f"{server.url}/openapi.json", timeout=30)
+    assert schema.status_code == 200, schema.text
+    assert "/v1/chat/completions" in schema.json()["paths"]
+    assert "/v1/images/generations" not in schema.json()["paths"]
+    assert requests.get(f"{server.url}/docs", timeout=30).status_code == 200
+    body = {"model": MODEL, "prompt": "a red cat"}
+    assert requests.post(f"{server.url}/v1/images/generations", json=body).status_code == 404
+
+
+def test_vllm_sampling_fields(server, client):
+    """Chat takes the sampling fields vLLM's own chat takes, with their meaning: min_tokens
+    holds the reply to its length even past the end of text."""
+    extra = {
+        "min_tokens": 12,
+        "top_k": 5,
+        "min_p": 0.01,
+        "repetition_penalty": 1.1,
+        "ignore_eos": False,
+        "stop_token_ids": [0],
+    }
+    reply = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=12, seed=3, stop=["zzz"],
+        presence_penalty=0.5, frequency_penalty=0.5, extra_body=extra,
+    )  # fmt: skip
+    assert reply.usage.completion_tokens == 12
+    too_many = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "min_tokens": 3}
+    response = requests.post(f"{server.url}/v1/chat/completions", json=too_many, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "min_tokens"
+
+
+SPEECH_FUZZ_EXAMPLES = (10, 60)  # (valid bodies, each running the graph; invalid ones)
+
+
+def _check_speech_reply(body: dict, reply: dict) -> None:
+    message = reply["choices"][0]["message"]
+    assert message["audio"]["transcript"] is not None and message["content"] is None
+    # A WAV (a reply of one or two tokens may be too short to speak: no samples).
+    assert audio_samples(base64.b64decode(message["audio"]["data"]), "wav").ndim == 1
+
+
+def test_fuzz_request_bodies_from_the_published_schema(server):
+    openapi = requests.get(f"{server.url}/openapi.json", timeout=30).json()
+    few = {"type": "integer", "minimum": 1, "maximum": 4}
+    cheap = {  # short replies with speech, not streamed (the checks read one JSON reply)
+        "messages": {"enum": [MESSAGES, [{"role": "user", "content": "Hi"}]]},
+        "modalities": {"enum": [["text", "audio"]]},
+        "audio": {"enum": [{"voice": v, "format": "wav"} for v in ("Ethan", "Chelsie")]},
+        "stream": {"enum": [False]},
+        "max_tokens": few,
+        "max_completion_tokens": few,
+        "min_tokens": {"type": "integer", "minimum": 0, "maximum": 1},
+        # Below the tiny model's vocabulary (a rule the schema states in words only).
+        "stop_token_ids": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 2047},
+        },
+    }
+    valid, invalid = SPEECH_FUZZ_EXAMPLES
+    tally = fuzz_operation(
+        server.url, {}, openapi, "/v1/chat/completions", cheap=cheap,
+        check_ok=_check_speech_reply, positive_examples=valid, negative_examples=invalid,
+    )  # fmt: skip
+    print(tally)
+    assert tally.valid == valid and tally.invalid == invalid
+    assert tally.accepted_fraction >= 0.9, tally
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200

@@ -93,3 +93,41 @@ def test_bad_dit_cache_names_the_setting(tmp_path, value, field) -> None:
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
     with pytest.raises(SystemExit, match=f"--dit-cache: {field}"):
         server_config(_args(str(tmp_path), "--dit-cache", value))
+
+
+def test_cuda_stages_start_with_the_memory_plans_share(tiny_models, monkeypatch) -> None:
+    """On CUDA (faked here: no GPU on this machine), each AR stage gets the memory plan's
+    gpu_memory_utilization unless the user set one; without CUDA, vLLM's default stays."""
+    from types import SimpleNamespace
+
+    import torch
+
+    model = str(tiny_models["qwen-image"])
+    assert "gpu_memory_utilization" not in _engine_args(server_config(_args(model)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device = SimpleNamespace(total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: device)
+    share = _engine_args(server_config(_args(model)))["gpu_memory_utilization"]
+    assert 0 < share <= 0.92
+    chosen = _args(model, "--gpu-memory-utilization", "0.5")
+    assert "gpu_memory_utilization" not in _engine_args(server_config(chosen))
+
+
+def _engine_args(config) -> dict:
+    return config.stage_overrides.get("text_encoder", {}).get("engine_args", {})
+
+
+def test_work_per_image_request_is_bounded() -> None:
+    """n x num_inference_steps over --max-request-steps is refused, naming the field the
+    request set (n alone takes the default 50 steps)."""
+    from vllm_omni.entrypoints.openai.api_server import ServerConfig, _diffusion_params
+    from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest
+
+    config = ServerConfig(model="m", served_model_name="m", max_request_steps=200)
+    four = _diffusion_params(ImageGenerationRequest(prompt="x", n=4), None, config)
+    assert [p.num_inference_steps for p in four] == [50] * 4
+    with pytest.raises(ValueError, match=r"^n: n x num_inference_steps is 5 x 50 = 250; the limit"):
+        _diffusion_params(ImageGenerationRequest(prompt="x", n=5), None, config)
+    body = ImageGenerationRequest(prompt="x", n=9, num_inference_steps=446)
+    with pytest.raises(ValueError, match=r"^num_inference_steps: .* 4014; the limit is 200"):
+        _diffusion_params(body, None, config)

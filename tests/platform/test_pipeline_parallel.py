@@ -14,6 +14,7 @@ so no near-tie can decide the comparison.
 """
 
 import gc
+import os
 import random
 
 import pytest
@@ -33,17 +34,19 @@ def _prompts(vocab_size: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
 
 
-def _vllm_greedy(model, **engine_args) -> list[list[int]]:
+def _vllm_greedy(model, **engine_args) -> tuple[list[list[int]], set[str]]:
+    """The greedy tokens, and the /dev/shm names that were there while the engine ran."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(model), **ENGINE_ARGS, **engine_args)
     prompts = _prompts(llm.llm_engine.model_config.get_vocab_size())
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    shm_running = set(os.listdir("/dev/shm"))
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    return [list(o.outputs[0].token_ids) for o in outputs], shm_running
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,11 @@ def reference(tiny_models) -> tuple[list[list[int]], float]:
 def test_pp2_matches_pp1(tiny_models, reference):
     expected, min_gap = reference
     assert min_gap > MIN_LOGIT_GAP  # no near-ties: a correct kernel cannot flip a token
-    pp2_tokens = _vllm_greedy(tiny_models["llama-8l"], pipeline_parallel_size=2)
+    shm_before = set(os.listdir("/dev/shm"))
+    pp2_tokens, shm_running = _vllm_greedy(tiny_models["llama-8l"], pipeline_parallel_size=2)
     assert all(len(t) == MAX_TOKENS for t in expected)
     assert pp2_tokens == expected
+    # The PP group's shared memory is unlinked once both ranks mapped it (_patches, patch 7),
+    # so nothing is left however the workers end.
+    assert not [name for name in shm_running - shm_before if "cpushm" in name]
+    assert set(os.listdir("/dev/shm")) - shm_before == set()

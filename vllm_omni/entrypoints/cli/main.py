@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `vllm-omni` command, also reached through vLLM's own hand-off: `vllm serve MODEL --omni`.
+"""The `vllm-omni` command (`serve`, `plan`), also reached through vLLM's own hand-off:
+`vllm serve MODEL --omni`.
 
 vLLM's CLI calls `main()` when `--omni` is on its command line (before it parses anything), with
 `sys.argv` as the user typed it; `vllm-omni serve MODEL` arrives here the same way.
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     import vllm_omni
+    from vllm_omni.entrypoints.cli.plan import PlanCommand
     from vllm_omni.entrypoints.cli.serve import OmniServeCommand
 
     argv = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg != OMNI_FLAG]
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         version=f"vllm-omni {vllm_omni.__version__} (vLLM {vllm.__version__})",
     )
     subparsers = parser.add_subparsers(required=True, dest="subparser")
-    commands = [OmniServeCommand()]
+    commands = [OmniServeCommand(), PlanCommand()]
     for command in commands:
         command.subparser_init(subparsers).set_defaults(dispatch_function=command.cmd)
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ from vllm.entrypoints.cli.serve import ServeSubcommand
 
 from vllm_omni.cpp.cli import add_cpp_args, apply_cpp_args
 from vllm_omni.cpp.config import CONFIG_KEY as CPP_CONFIG_KEY
-from vllm_omni.entrypoints.openai.api_server import DEFAULT_MAX_PIXELS
+from vllm_omni.entrypoints.openai.api_server import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_STEPS
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -96,6 +96,13 @@ class OmniServeCommand(ServeSubcommand):
             default=DEFAULT_MAX_PIXELS,
             help="largest width x height an image request may ask for",
         )
+        omni.add_argument(
+            "--max-request-steps",
+            type=int,
+            default=DEFAULT_MAX_REQUEST_STEPS,
+            help="largest n x num_inference_steps of one image request (with "
+            "--max-image-pixels, a bound on the work one request holds the DiT stage with)",
+        )
         return parser
 
     def validate(self, args: argparse.Namespace) -> None:
@@ -134,6 +141,22 @@ def _residual_cache(value: str | None) -> dict | None:
         raise SystemExit(f"vllm-omni serve: error: --dit-cache: {e}") from None
 
 
+def _planned_memory(args: argparse.Namespace, graph) -> dict[str, float]:
+    """On CUDA, each AR stage's gpu_memory_utilization from the memory plan (logged), unless
+    the user set --gpu-memory-utilization; vLLM's default would give every stage 0.9 of the
+    device that they share."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_omni.engine.memory_plan import plan_for_this_device
+
+    if args.gpu_memory_utilization != EngineArgs.gpu_memory_utilization:
+        return {}
+    plan = plan_for_this_device(args.model, graph, args.dtype, args.max_model_len)
+    if plan is None:
+        return {}
+    return {s.name: s.gpu_memory_utilization for s in plan.stages if s.engine_type == "AR"}
+
+
 def server_config(args: argparse.Namespace):
     """The omni server's config from vLLM-style serve args; vLLM flags that make sense for
     the graph's AR stages are passed on to them as stage overrides."""
@@ -147,6 +170,7 @@ def server_config(args: argparse.Namespace):
     except ValueError as e:
         raise SystemExit(f"vllm-omni serve: error: {e}") from None
     overrides = {}
+    memory = _planned_memory(args, graph)
     residual_cache = _residual_cache(args.dit_cache)
     for stage in graph.stages:
         if args.stage_backend is not None:
@@ -165,6 +189,8 @@ def server_config(args: argparse.Namespace):
             continue
         engine_args: dict = {}
         override: dict = {**overrides.get(stage.name, {}), "engine_args": engine_args}
+        if stage.name in memory and "gpu_memory_utilization" not in stage.engine_args:
+            engine_args["gpu_memory_utilization"] = memory[stage.name]
         if args.enforce_eager:
             engine_args["enforce_eager"] = True
         if getattr(args, "dtype", "auto") != "auto":
@@ -182,6 +208,7 @@ def server_config(args: argparse.Namespace):
         served_model_name=(args.served_model_name or [args.model])[0],
         api_keys=tuple(args.api_key or ()),
         max_pixels=args.max_image_pixels,
+        max_request_steps=args.max_request_steps,
         stage_configs=args.stage_configs,
         stage_overrides=overrides,
         revision=args.revision,

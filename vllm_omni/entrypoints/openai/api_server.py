@@ -48,6 +48,9 @@ logger = init_logger(__name__)
 
 DISCONNECT_POLL_S = 0.5
 DEFAULT_MAX_PIXELS = 2048 * 2048
+DEFAULT_MAX_REQUEST_STEPS = 200
+"""n x num_inference_steps of one image request: four images of 50 steps. With the pixel limit
+it bounds the work one request can hold the DiT stage with."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class ServerConfig:
     served_model_name: str
     api_keys: tuple[str, ...] = ()
     max_pixels: int = DEFAULT_MAX_PIXELS
+    max_request_steps: int = DEFAULT_MAX_REQUEST_STEPS
     stage_configs: Any = None
     stage_overrides: Mapping[str, Any] | None = None
     revision: str | None = None
@@ -130,10 +134,15 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
             schema = FastAPI.openapi(app)  # builds and caches app.openapi_schema
             _integer_bounds(schema)
             limits: dict[str, int] = {"x-max-pixels": config.max_pixels}
+            steps = {"x-max-request-steps": config.max_request_steps}
             if state["omni"] is not None:
                 limits["x-size-multiple"] = _size_multiple(state["omni"])
+            bodies = schema.get("components", {}).get("schemas", {})
             for body in ("ImageGenerationRequest", "ChatCompletionRequest"):
-                schema["components"]["schemas"][body]["properties"]["size"].update(limits)
+                if body in bodies:  # the image bodies, on a server with an image stage
+                    bodies[body]["properties"]["size"].update(limits)
+                    for field in ("n", "num_inference_steps"):
+                        bodies[body]["properties"][field].update(steps)
         return app.openapi_schema
 
     app.openapi = openapi
@@ -221,6 +230,12 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
         metrics.images.inc(num_images)
         metrics.latency.labels(endpoint).observe(time.monotonic() - start)
 
+    # Each route where the graph has a stage that serves it.
+    if "image" not in graph.output_modalities:
+        if {"text", "audio"} & set(graph.output_modalities):
+            _add_speech_chat(app, state, config, metrics)
+        return app
+
     @app.post("/v1/images/generations")
     async def images(body: ImageGenerationRequest, request: Request):
         start = time.monotonic()
@@ -239,10 +254,6 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
             "size": f"{width}x{height}",
             "output_format": "png",
         }
-
-    if "image" not in graph.output_modalities:
-        _add_speech_chat(app, state, config, metrics)
-        return app
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -303,9 +314,9 @@ def _add_speech_chat(app: FastAPI, state: dict, config: ServerConfig, metrics: O
         # The first partial output (or the end) decides between a reply and a 400: messages
         # that vLLM cannot render fail here, before any byte is sent.
         first = await _next_output(events)
-        if isinstance(first, ValueError):
+        if _is_client_error(first):
             metrics.requests.labels("chat", "rejected").inc()
-            return _bad_request(str(first), _field_of(str(first)))
+            return _client_error(first)
         if isinstance(first, Exception):
             logger.error("chat request failed: %s", first)
             metrics.requests.labels("chat", "failed").inc()
@@ -333,8 +344,8 @@ def _add_speech_chat(app: FastAPI, state: dict, config: ServerConfig, metrics: O
             return Response(status_code=499)
         if isinstance(first, Exception):
             metrics.requests.labels("chat", "failed").inc()
-            if isinstance(first, ValueError):
-                return _bad_request(str(first), _field_of(str(first)))
+            if _is_client_error(first):
+                return _client_error(first)
             return JSONResponse(error_body(str(first), kind="internal_error", code=500), 500)
         metrics.requests.labels("chat", "finished").inc()
         metrics.latency.labels("chat").observe(time.monotonic() - start)
@@ -406,6 +417,13 @@ def _diffusion_params(
         kwargs.update(width=width, height=height)
     if body.num_inference_steps is not None:
         kwargs["num_inference_steps"] = body.num_inference_steps
+    steps = body.num_inference_steps or DiffusionSamplingParams.num_inference_steps
+    if body.n * steps > config.max_request_steps:
+        field = "n" if body.num_inference_steps is None else "num_inference_steps"
+        raise ValueError(
+            f"{field}: n x num_inference_steps is {body.n} x {steps} = {body.n * steps}; the "
+            f"limit is {config.max_request_steps} per request (--max-request-steps)"
+        )
     if body.true_cfg_scale is not None:
         kwargs["true_cfg_scale"] = body.true_cfg_scale
     if body.cache_threshold is not None:
@@ -450,6 +468,22 @@ def _png_b64(image) -> str:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _is_client_error(error: object) -> bool:
+    from vllm.exceptions import VLLMClientError
+
+    return isinstance(error, ValueError | VLLMClientError)
+
+
+def _client_error(error: Exception) -> JSONResponse:
+    """A 400 for a request's fault: our ValueErrors name their field first; vLLM's validation
+    errors (raised in the engine, e.g. out-of-vocabulary `stop_token_ids`) carry it."""
+    from vllm.exceptions import VLLMValidationError
+
+    if isinstance(error, VLLMValidationError) and error.parameter:
+        return _bad_request(f"{error.parameter}: {error.args[0]}", error.parameter)
+    return _bad_request(str(error), _field_of(str(error)))
 
 
 def _field_of(message: str) -> str | None:

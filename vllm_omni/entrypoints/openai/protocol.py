@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -51,15 +51,44 @@ def _has_text(text: str) -> bool:
     return re.search(NON_BLANK_PATTERN, text) is not None
 
 
-class ImageOptions(BaseModel):
-    """What an image request may say about the image. Types are strict: `"n": "2"` is an
-    error, not 2 (`"n": 2.0` is 2: JSON numbers). Unknown fields are errors too."""
+class StrictBody(BaseModel):
+    """A request body whose types are strict: `"n": "2"` is an error, not 2 (`"n": 2.0` is 2:
+    JSON numbers). Unknown fields are errors too."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+    int_list_fields: ClassVar[tuple[str, ...]] = ()
+    """Fields holding lists of integers, whose items are taken as JSON numbers too."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_floats_are_ints(cls, data: Any) -> Any:
+        # JSON has one number type, and JSON schema's "integer" includes 7.0: take it as 7.
+        # (A plain int field with a BeforeValidator would do this too, but pydantic then
+        # publishes its bounds as "ge"/"le", which JSON schema does not know.) "7" stays an error.
+        if not isinstance(data, dict):
+            return data
+        ints = _int_fields(cls)
+        out = {k: _as_int(v) if k in ints else v for k, v in data.items()}
+        for k in cls.int_list_fields:
+            if isinstance(out.get(k), list):
+                out[k] = [_as_int(v) for v in out[k]]
+        return out
+
+
+def _as_int(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+class ImageOptions(StrictBody):
+    """What an image request may say about the image."""
 
     model: str | None = None
     n: int = Field(
-        1, ge=1, le=MAX_N, description="Images to make; they get seeds seed, seed+1, ..."
+        1,
+        ge=1,
+        le=MAX_N,
+        description="Images to make; they get seeds seed, seed+1, ... n x num_inference_steps "
+        "(default 50) is at most `x-max-request-steps` (the server's --max-request-steps).",
     )
     size: str | None = Field(
         None,
@@ -72,7 +101,13 @@ class ImageOptions(BaseModel):
     seed: int | None = Field(
         None, ge=0, lt=MAX_SEED, description="Image i gets seed (seed + i) mod 2**63."
     )
-    num_inference_steps: int | None = Field(None, ge=1, le=1000)
+    num_inference_steps: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Denoising steps per image (default 50); n x num_inference_steps is at most "
+        "`x-max-request-steps` (the server's --max-request-steps).",
+    )
     negative_prompt: str | None = None
     true_cfg_scale: float | None = Field(None, ge=0, allow_inf_nan=False)
     cache_threshold: float | None = Field(
@@ -91,20 +126,6 @@ class ImageOptions(BaseModel):
         "serves the least slack first; with --dit-admission-control a request that cannot "
         "meet it is refused with 429",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _integral_floats_are_ints(cls, data: Any) -> Any:
-        # JSON has one number type, and JSON schema's "integer" includes 7.0: take it as 7.
-        # (A plain int field with a BeforeValidator would do this too, but pydantic then
-        # publishes its bounds as "ge"/"le", which JSON schema does not know.) "7" stays an error.
-        if not isinstance(data, dict):
-            return data
-        ints = _int_fields(cls)
-        return {
-            k: int(v) if k in ints and isinstance(v, float) and v.is_integer() else v
-            for k, v in data.items()
-        }
 
     @field_validator("size")
     @classmethod

@@ -27,11 +27,13 @@ import time
 import uuid
 import wave
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from vllm_omni.entrypoints.openai.protocol import StrictBody
 
 OPENAI_AUDIO_FORMATS = ("wav", "aac", "mp3", "flac", "opus", "pcm16")
 AUDIO_FORMATS = ("wav", "pcm16")  # what this server encodes (no codec libraries needed)
@@ -39,11 +41,18 @@ STREAM_CHUNK_S = 0.25  # audio per streamed delta
 AUDIO_TTL_S = 24 * 3600  # `expires_at`: how long a client may refer back to the audio by id
 
 
+class VoiceId(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
+
+
 class AudioOutput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    voice: str | dict[str, str]
-    format: str
+    voice: str | VoiceId
+    # The schema lists what this server encodes; the validator says why OpenAI's others fail.
+    format: str = Field(json_schema_extra={"enum": list(AUDIO_FORMATS)})
 
     @field_validator("format")
     @classmethod
@@ -56,22 +65,22 @@ class AudioOutput(BaseModel):
             )
         return value
 
-    @field_validator("voice")
-    @classmethod
-    def _voice(cls, value: str | dict[str, str]) -> str | dict[str, str]:
-        if isinstance(value, dict) and set(value) != {"id"}:
-            raise ValueError("must be a voice name or {'id': name}")
-        return value
-
     @property
     def voice_name(self) -> str:
-        return self.voice["id"] if isinstance(self.voice, dict) else self.voice
+        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice
 
 
-class SpeechChatRequest(BaseModel):
-    """OpenAI's chat request, the fields a speaking model uses. Unknown fields are errors."""
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+    "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos",
+)  # fmt: skip
+"""The request fields that go to the thinker's SamplingParams as they are."""
 
-    model_config = ConfigDict(extra="forbid")
+
+class SpeechChatRequest(StrictBody):
+    """OpenAI's chat request, the fields a speaking model uses."""
+
+    int_list_fields = ("stop_token_ids",)
 
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -85,8 +94,19 @@ class SpeechChatRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     n: Literal[1] = 1
     user: str | None = None
+    # vLLM's own sampling extensions to the chat request, with its meanings.
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    min_tokens: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Token ids that end the reply; each below the model's vocabulary size"
+    )
+    ignore_eos: bool | None = None
 
     @model_validator(mode="after")
     def _audio_options(self) -> SpeechChatRequest:
@@ -120,9 +140,11 @@ class SpeechChatRequest(BaseModel):
             "max_tokens": self.max_completion_tokens or self.max_tokens,
             "seed": self.seed,
         }
-        for name in ("temperature", "top_p", "stop"):
+        for name in SAMPLING_FIELDS:
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
+        if self.min_tokens and kwargs["max_tokens"] and self.min_tokens > kwargs["max_tokens"]:
+            raise ValueError(f"min_tokens: must be at most max_tokens ({kwargs['max_tokens']})")
         params: dict[str, Any] = {"thinker": SamplingParams(**kwargs)}
         if self.seed is not None and "talker" in stages:
             params["talker"] = SamplingParams(
