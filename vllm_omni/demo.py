@@ -8,11 +8,12 @@ Builds the tiny models (once), then
    in float32 because the random-weight model has near-ties between its top tokens that
    bfloat16 rounds into exact ties, which batch shapes and CPU kernels then break either way:
    an AVX2-only CPU disagreed at bfloat16.);
-2. generates images with OmniLLM on the tiny Qwen-Image pipeline (text encoder on a vLLM engine,
-   DiT in its own process), saves them as PNG and checks one against diffusers' own pipeline;
-3. has the tiny Qwen2.5-Omni answer in text and speech (thinker and talker on vLLM engines,
-   code2wav in the DiT process), saves the speech as WAV and checks the text tokens against
-   transformers' thinker.
+2. generates images with OmniLLM("Qwen/Qwen-Image") - the tiny pipeline, stored under the real
+   name in a hub cache of the demo's (offline) - with the text encoder on a vLLM engine and the
+   DiT in its own process, saves them as PNG and checks one against diffusers' own pipeline;
+3. has OmniLLM("Qwen/Qwen2.5-Omni-7B") (the tiny one, the same way) answer in text and speech
+   (thinker and talker on vLLM engines, code2wav in the DiT process), saves the speech as WAV
+   and checks the text tokens against transformers' thinker.
 The models have random weights, so replies are gibberish and images are noise-like patterns;
 equality with the references is what matters.
 """
@@ -20,10 +21,18 @@ equality with the references is what matters.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
-from vllm_omni.engine.ar_stage import ENGINE_SHUTDOWN_TIMEOUT_S
+# The omni models load by their hub names from a cache of the tiny ones (models/tiny_hub.py),
+# offline: set before huggingface_hub is imported, which reads it once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from vllm_omni.engine.ar_stage import ENGINE_SHUTDOWN_TIMEOUT_S  # noqa: E402
+
+IMAGE_MODEL = "Qwen/Qwen-Image"
+SPEECH_MODEL = "Qwen/Qwen2.5-Omni-7B"
 
 PROMPTS = [
     "What does pipeline parallelism do?",
@@ -100,7 +109,7 @@ def _visible_gpus() -> int:
 IMAGE_PROMPTS = ["a red cat on a blue sofa", "a lighthouse at dusk", "two green apples", "rain"]
 
 
-def run_images(model: str, out_dir: Path) -> bool:
+def run_images(model: str, hub_cache: Path, out_dir: Path) -> bool:
     import numpy as np
     import torch
     from diffusers import QwenImagePipeline
@@ -108,7 +117,7 @@ def run_images(model: str, out_dir: Path) -> bool:
     from vllm_omni import DiffusionSamplingParams, OmniLLM
 
     params = DiffusionSamplingParams(height=128, width=128, num_inference_steps=20, seed=0)
-    with OmniLLM(model) as omni:
+    with OmniLLM(model, download_dir=hub_cache) as omni:
         start = time.perf_counter()
         outputs = omni.generate(IMAGE_PROMPTS, params)
         elapsed = time.perf_counter() - start
@@ -119,7 +128,7 @@ def run_images(model: str, out_dir: Path) -> bool:
         out.images[0].save(path)
         timings = ", ".join(f"{k} {t.seconds * 1e3:.0f} ms" for k, t in out.stage_timings.items())
         print(f"  {out.prompt!r} -> {path} (seed {out.seed}; {timings})")
-    pipe = QwenImagePipeline.from_pretrained(model)
+    pipe = QwenImagePipeline.from_pretrained(model, cache_dir=hub_cache)
     pipe.set_progress_bar_config(disable=True)
     reference = pipe(
         IMAGE_PROMPTS[0],
@@ -137,12 +146,13 @@ def run_images(model: str, out_dir: Path) -> bool:
 SPEECH_PROMPT = "<|im_start|>user\nSay something about the sea.<|im_end|>\n<|im_start|>assistant\n"
 
 
-def run_speech(model: str, out_dir: Path, max_tokens: int) -> bool:
+def run_speech(model: str, hub_cache: Path, out_dir: Path, max_tokens: int) -> bool:
     import torch
     from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
     from vllm import SamplingParams
 
     from vllm_omni import Code2WavParams, OmniLLM
+    from vllm_omni.config.model_source import model_path
     from vllm_omni.entrypoints.openai.speech_chat import wav_file
     from vllm_omni.models.tiny_omni import CODEC_BOS
 
@@ -156,7 +166,8 @@ def run_speech(model: str, out_dir: Path, max_tokens: int) -> bool:
         ),
         "code2wav": Code2WavParams(seed=0),
     }
-    with OmniLLM(model, stage_overrides={"thinker": float32, "talker": float32}) as omni:
+    overrides = {"thinker": float32, "talker": float32}
+    with OmniLLM(model, stage_overrides=overrides, download_dir=hub_cache) as omni:
         start = time.perf_counter()
         out = omni.generate({"prompt": SPEECH_PROMPT, "voice": "Ethan"}, params)[0]
         elapsed = time.perf_counter() - start
@@ -168,8 +179,11 @@ def run_speech(model: str, out_dir: Path, max_tokens: int) -> bool:
     print(f"  assistant: {out.text!r}")
     print(f"  -> {path}: {len(out.audio) / out.sample_rate:.2f} s of audio from "
           f"{len(out.codec_token_ids)} speech codes (voice Ethan)")  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(model, dtype=torch.float32)
+    # From the snapshot folder: transformers' Qwen2.5-Omni looks for spk_dict.pt in the default
+    # cache whatever `cache_dir` says.
+    folder = model_path(model, download_dir=hub_cache)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
     ids = tokenizer.encode(SPEECH_PROMPT)
     with torch.no_grad():
         reference = hf.thinker.generate(
@@ -182,24 +196,31 @@ def run_speech(model: str, out_dir: Path, max_tokens: int) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+    from vllm_omni.models.tiny_hub import build_hub_cache
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models-dir", default=None, help="where the tiny models live")
+    parser.add_argument(
+        "--hub-cache",
+        type=Path,
+        default=Path.home() / ".cache" / "vllm_omni" / "hub",
+        help="a Hugging Face hub cache the tiny omni models are stored in, under real names",
+    )
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument(
         "--out", type=Path, default=Path("demo-output"), help="where images and speech go"
     )
     args = parser.parse_args(argv)
 
-    models = build_tiny_models(
-        args.models_dir or default_models_dir(), names=["llama-8l", "qwen-image", "qwen2.5-omni"]
-    )
+    models = build_tiny_models(args.models_dir or default_models_dir(), names=["llama-8l"])
     model = str(models["llama-8l"])
     print(f"[demo] tiny model: {model}")
+    build_hub_cache(args.hub_cache, [IMAGE_MODEL, SPEECH_MODEL])
+    print(f"[demo] tiny {IMAGE_MODEL} and {SPEECH_MODEL} in the hub cache {args.hub_cache}")
 
     same = run_pipeline_parallel(model, args.max_tokens)
-    images_same = run_images(str(models["qwen-image"]), args.out)
-    speech_same = run_speech(str(models["qwen2.5-omni"]), args.out, args.max_tokens)
+    images_same = run_images(IMAGE_MODEL, args.hub_cache, args.out)
+    speech_same = run_speech(SPEECH_MODEL, args.hub_cache, args.out, args.max_tokens)
     if not (same and images_same and speech_same):
         raise SystemExit(1)
 

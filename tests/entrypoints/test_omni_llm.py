@@ -163,6 +163,7 @@ stages:
   - name: encoder
     engine_type: AR
     model: text_encoder
+    tokenizer: tokenizer
     processor: qwen_image_prompt
     engine_args: {enforce_eager: true}
   - name: denoise

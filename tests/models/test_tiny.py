@@ -216,3 +216,38 @@ def test_qwen_image_text_encoder(qwen_image) -> None:
     drop = qwen_image.prompt_template_encode_start_idx
     system_part = template.split("<|im_start|>user")[0]
     assert len(qwen_image.tokenizer(system_part).input_ids) > drop
+
+
+@pytest.mark.parametrize(
+    "name, folder, weights",
+    [
+        ("qwen2.5-omni", ".", "model"),
+        ("qwen-image", "text_encoder", "model"),
+        ("qwen-image", "transformer", "diffusion_pytorch_model"),
+    ],
+)
+def test_checkpoints_are_sharded_as_the_releases(tiny_models, name, folder, weights) -> None:
+    """Where the real repo is sharded, so is the tiny one: shards named as the release's, and
+    an index that maps every tensor to the shard that holds it."""
+    import json
+
+    from safetensors import safe_open
+
+    root = tiny_models[name] / folder
+    index = json.loads((root / f"{weights}.safetensors.index.json").read_text())
+    shards = sorted(root.glob(f"{weights}-*-of-*.safetensors"))
+    assert len(shards) >= 2 and not (root / f"{weights}.safetensors").exists()
+    assert sorted(set(index["weight_map"].values())) == [s.name for s in shards]
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            assert all(index["weight_map"][key] == shard.name for key in f.keys())
+
+
+def test_layouts_match_the_releases(tiny_models) -> None:
+    qwen_image = tiny_models["qwen-image"]
+    assert not list((qwen_image / "text_encoder").glob("tokenizer*"))  # only in tokenizer/
+    assert (qwen_image / "tokenizer" / "tokenizer_config.json").is_file()
+    assert (qwen_image / "vae" / "diffusion_pytorch_model.safetensors").is_file()
+    omni = tiny_models["qwen2.5-omni"]
+    for name in ("spk_dict.pt", "tokenizer_config.json", "chat_template.jinja", "config.json"):
+        assert (omni / name).is_file(), name

@@ -59,6 +59,14 @@ class ARStage:
         args["model"] = self.config.model
         if self.config.tokenizer is not None and not _has_tokenizer(self.config.model):
             args.setdefault("tokenizer", self.config.tokenizer)
+        if not args.get("skip_tokenizer_init") and "tokenizer" not in args:
+            if Path(self.config.model).is_dir() and not _has_tokenizer(self.config.model):
+                # vLLM would start and then fail every request with "prompt cannot be empty".
+                raise ValueError(
+                    f"stages.{self.name}.tokenizer: {self.config.model} holds no tokenizer "
+                    "(tokenizer_config.json); name its folder, e.g. `tokenizer: tokenizer` for "
+                    "a diffusers pipeline's text encoder"
+                )
         if self.config.executor != "auto":
             args["distributed_executor_backend"] = self.config.executor
         if self.config.scheduler == "cpp":

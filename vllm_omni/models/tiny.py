@@ -334,9 +334,15 @@ def build_qwen_image(out: Path) -> None:
         transformer=transformer,
     )
     pipe.save_pretrained(out)
-    # The text encoder folder is also served by vLLM on its own (as a pooling model), which
-    # reads the tokenizer from the model folder.
-    tt.save_tokenizer(out / "text_encoder")
+    # As the release: the text encoder and transformer in shards with an index (the VAE in
+    # one file), the tokenizer in its own folder only.
+    for name, module, shard in (
+        ("text_encoder", text_encoder, "1MB"),
+        ("transformer", transformer, "512KB"),
+    ):
+        for weights in (out / name).glob("*.safetensors"):
+            weights.unlink()
+        module.save_pretrained(out / name, max_shard_size=shard)
 
 
 TINY_MODELS: dict[str, Callable[[Path], None]] = {

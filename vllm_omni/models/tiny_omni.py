@@ -190,7 +190,7 @@ def build_qwen25_omni(out: Path) -> None:
     )
     model.eval()  # __init__ leaves it in training mode (the DiT has dropout)
     model.generation_config = chat_generation_config()
-    model.save_pretrained(out)
+    model.save_pretrained(out, max_shard_size="2MB")  # sharded with an index, as the release
     gen = torch.Generator().manual_seed(QWEN25_OMNI_SEED + 1)
     torch.save(_speakers(gen, config.token2wav_config.dit_config.enc_emb_dim), out / "spk_dict.pt")
     _processor(out).save_pretrained(str(out))
