@@ -21,8 +21,12 @@ equality with the references is what matters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 # The omni models load by their hub names from a cache of the tiny ones (models/tiny_hub.py),
@@ -30,6 +34,46 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from vllm_omni.engine.ar_stage import ENGINE_SHUTDOWN_TIMEOUT_S  # noqa: E402
+
+_terminal = sys.stdout
+"""Where the demo's own lines go; the engines' logs go to a file unless --verbose."""
+
+
+def say(*args, **kwargs) -> None:
+    print(*args, **kwargs, file=_terminal, flush=True)
+    if _terminal is not sys.stdout:  # the log has them too, between the engines' lines
+        print(*args, **kwargs, flush=True)
+
+
+@contextlib.contextmanager
+def engine_logs_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr, and so its engines' (child processes inherit them),
+    go to `path`; `say` keeps the terminal. On an error, the log's tail is shown."""
+    global _terminal
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    _terminal = os.fdopen(os.dup(1), "w")
+    with path.open("w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        except Exception:
+            traceback.print_exc()
+            sys.stderr.flush()
+            tail = path.read_text().splitlines()[-40:]
+            say(f"[demo] failed; the last lines of {path}:\n" + "\n".join(tail))
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            _terminal.close()
+            _terminal = sys.stdout
+
 
 IMAGE_MODEL = "Qwen/Qwen-Image"
 SPEECH_MODEL = "Qwen/Qwen2.5-Omni-7B"
@@ -68,7 +112,7 @@ def run_chat(
 def run_pipeline_parallel(model: str, max_tokens: int) -> bool:
     """PP=2 replies at dtype auto, then PP=2 against PP=1 in float32."""
     if _visible_gpus() == 1:
-        print("[demo] one GPU: pipeline parallelism needs two; showing PP=1 only")
+        say("[demo] one GPU: pipeline parallelism needs two; showing PP=1 only")
         replies, seconds, _ = run_chat(model, 1, max_tokens)
         _print_replies("vLLM, pipeline_parallel_size=1", replies, seconds)
         return True
@@ -78,14 +122,14 @@ def run_pipeline_parallel(model: str, max_tokens: int) -> bool:
     pp2 = replies if dtype == "float32" else run_chat(model, 2, max_tokens, dtype="float32")[0]
     pp1, _, _ = run_chat(model, 1, max_tokens, dtype="float32")
     same = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(pp1, pp2))
-    print(f"[demo] float32: PP=2 greedy tokens identical to PP=1: {same}")
+    say(f"[demo] float32: PP=2 greedy tokens identical to PP=1: {same}")
     if not same:
         first = next(
             i
             for i, (a, b) in enumerate(zip(pp1, pp2))
             if a.outputs[0].token_ids != b.outputs[0].token_ids
         )
-        print(
+        say(
             f"  prompt {first}: PP=1 {pp1[first].outputs[0].token_ids}\n"
             f"            PP=2 {pp2[first].outputs[0].token_ids}"
         )
@@ -93,11 +137,11 @@ def run_pipeline_parallel(model: str, max_tokens: int) -> bool:
 
 
 def _print_replies(title: str, outputs: list, seconds: float) -> None:
-    print(f"\n[demo] {title}:")
+    say(f"\n[demo] {title}:")
     for prompt, out in zip(PROMPTS, outputs):
-        print(f"  user: {prompt}\n  assistant: {out.outputs[0].text!r}")
+        say(f"  user: {prompt}\n  assistant: {out.outputs[0].text!r}")
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(f"[demo] {num_tokens} tokens in {seconds:.2f} s")
+    say(f"[demo] {num_tokens} tokens in {seconds:.2f} s")
 
 
 def _visible_gpus() -> int:
@@ -122,12 +166,12 @@ def run_images(model: str, hub_cache: Path, out_dir: Path) -> bool:
         outputs = omni.generate(IMAGE_PROMPTS, params)
         elapsed = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"\n[demo] OmniLLM: {len(outputs)} images in {elapsed:.2f} s")
+    say(f"\n[demo] OmniLLM: {len(outputs)} images in {elapsed:.2f} s")
     for i, out in enumerate(outputs):
         path = out_dir / f"image-{i}.png"
         out.images[0].save(path)
         timings = ", ".join(f"{k} {t.seconds * 1e3:.0f} ms" for k, t in out.stage_timings.items())
-        print(f"  {out.prompt!r} -> {path} (seed {out.seed}; {timings})")
+        say(f"  {out.prompt!r} -> {path} (seed {out.seed}; {timings})")
     pipe = QwenImagePipeline.from_pretrained(model, cache_dir=hub_cache)
     pipe.set_progress_bar_config(disable=True)
     reference = pipe(
@@ -139,7 +183,7 @@ def run_images(model: str, hub_cache: Path, out_dir: Path) -> bool:
     ).images[0]
     diff = np.abs(np.asarray(reference, int) - np.asarray(outputs[0].images[0], int)).max()
     same = diff <= 2
-    print(f"[demo] OmniLLM image equals diffusers' (max pixel difference {diff}/255): {same}")
+    say(f"[demo] OmniLLM image equals diffusers' (max pixel difference {diff}/255): {same}")
     return same
 
 
@@ -175,9 +219,9 @@ def run_speech(model: str, hub_cache: Path, out_dir: Path, max_tokens: int) -> b
     path = out_dir / "speech.wav"
     path.write_bytes(wav_file(out.audio, out.sample_rate))
     timings = ", ".join(f"{k} {t.seconds * 1e3:.0f} ms" for k, t in out.stage_timings.items())
-    print(f"\n[demo] OmniLLM, Qwen2.5-Omni: text and speech in {elapsed:.2f} s ({timings})")
-    print(f"  assistant: {out.text!r}")
-    print(f"  -> {path}: {len(out.audio) / out.sample_rate:.2f} s of audio from "
+    say(f"\n[demo] OmniLLM, Qwen2.5-Omni: text and speech in {elapsed:.2f} s ({timings})")
+    say(f"  assistant: {out.text!r}")
+    say(f"  -> {path}: {len(out.audio) / out.sample_rate:.2f} s of audio from "
           f"{len(out.codec_token_ids)} speech codes (voice Ethan)")  # fmt: skip
     # From the snapshot folder: transformers' Qwen2.5-Omni looks for spk_dict.pt in the default
     # cache whatever `cache_dir` says.
@@ -190,14 +234,11 @@ def run_speech(model: str, hub_cache: Path, out_dir: Path, max_tokens: int) -> b
             torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False
         )[0, len(ids) :].tolist()
     same = reference == out.token_ids
-    print(f"[demo] thinker tokens identical to transformers': {same}")
+    say(f"[demo] thinker tokens identical to transformers': {same}")
     return same
 
 
 def main(argv: list[str] | None = None) -> None:
-    from vllm_omni.models.tiny import build_tiny_models, default_models_dir
-    from vllm_omni.models.tiny_hub import build_hub_cache
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models-dir", default=None, help="where the tiny models live")
     parser.add_argument(
@@ -210,13 +251,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("demo-output"), help="where images and speech go"
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the engines' logs (default: OUT/demo.log)"
+    )
     args = parser.parse_args(argv)
+    if args.verbose:
+        run(args)
+        return
+    log = args.out / "demo.log"
+    print(f"[demo] engine logs: {log} (--verbose shows them here)", flush=True)
+    with engine_logs_to(log):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+    from vllm_omni.models.tiny_hub import build_hub_cache
 
     models = build_tiny_models(args.models_dir or default_models_dir(), names=["llama-8l"])
     model = str(models["llama-8l"])
-    print(f"[demo] tiny model: {model}")
+    say(f"[demo] tiny model: {model}")
     build_hub_cache(args.hub_cache, [IMAGE_MODEL, SPEECH_MODEL])
-    print(f"[demo] tiny {IMAGE_MODEL} and {SPEECH_MODEL} in the hub cache {args.hub_cache}")
+    say(f"[demo] tiny {IMAGE_MODEL} and {SPEECH_MODEL} in the hub cache {args.hub_cache}")
 
     same = run_pipeline_parallel(model, args.max_tokens)
     images_same = run_images(IMAGE_MODEL, args.hub_cache, args.out)
