@@ -5,8 +5,8 @@ The memory plan (vllm_omni.engine.memory_plan) counts their parameters and reads
 config that sizes an AR stage's KV cache. What a stage holds:
 
 - an AR stage of a transformers model: the class its `config.json` names (`architectures[0]`),
-  or, for a model type whose graph splits one checkpoint into stages, the part that stage runs
-  (`SPLIT_STAGES`, e.g. Qwen2.5-Omni's thinker, talker and token2wav);
+  or, for a family whose graph splits one checkpoint into stages, the part that stage runs
+  (`ModelFamily.split_stages`, e.g. Qwen2.5-Omni's thinker, talker and token2wav);
 - a DiT stage of a diffusers pipeline: every model component of `model_index.json` that no other
   stage of the graph loads (Qwen-Image's DiT stage: transformer and VAE; its text encoder is an
   AR stage of its own).
@@ -19,16 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-SPLIT_STAGES: dict[str, dict[str, tuple[str, str]]] = {
-    "qwen2_5_omni": {
-        "thinker": ("Qwen2_5OmniThinkerForConditionalGeneration", "thinker_config"),
-        "talker": ("Qwen2_5OmniTalkerForConditionalGeneration", "talker_config"),
-        "code2wav": ("Qwen2_5OmniToken2WavModel", "token2wav_config"),
-    },
-}
-"""model type -> stage name -> (transformers class, the attribute of the checkpoint's config
-that configures it)."""
 
 
 def on_meta(build: Callable[[], torch.nn.Module], dtype: torch.dtype) -> torch.nn.Module:
@@ -46,8 +36,10 @@ def transformers_stage(folder: Path, stage: str, dtype: torch.dtype) -> torch.nn
     """The module an AR (or split) stage of a transformers checkpoint runs."""
     import transformers
 
+    from vllm_omni.models.registry import detect_family
+
     config = transformers.AutoConfig.from_pretrained(folder)
-    split = SPLIT_STAGES.get(config.model_type, {})
+    split = detect_family(folder).split_stages
     if stage in split:
         class_name, attr = split[stage]
         config = getattr(config, attr)

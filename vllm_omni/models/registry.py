@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The model families: one folder each under vllm_omni/models/, found through this registry.
+
+A family says how a model is recognised (a diffusers pipeline class in `model_index.json`, or a
+transformers model type in `config.json`), its built-in stage graph, the files beyond a
+checkpoint's usual ones that the graph loads, and how its checkpoint splits into stages. The
+engine, the diffusion loop and the server name no model; they ask the registry.
+
+    from vllm_omni.models.registry import detect_family
+    detect_family(folder).graph()        # the built-in stage graph, as a dict
+
+Families are imported on first use (`families()`), so importing the registry costs nothing.
+Adding one is a new folder with a `FAMILY` and its name in `FAMILY_PACKAGES`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAMILY_PACKAGES = ("qwen_image", "qwen2_5_omni", "plain_lm")
+"""Folders under vllm_omni/models/ that hold a family (each exports `FAMILY`)."""
+PLAIN_LM = "lm"
+"""The family of any transformers model no other family claims: one AR stage."""
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    """Registered name; a stage graph's `model_type`."""
+    graph: Callable[[], dict[str, Any]]
+    """The built-in stage graph (stage `model` paths relative to the checkpoint)."""
+    pipeline_classes: tuple[str, ...] = ()
+    """diffusers `model_index.json` `_class_name`s this family serves."""
+    model_types: tuple[str, ...] = ()
+    """transformers `config.json` `model_type`s this family serves."""
+    extra_files: tuple[str, ...] = ()
+    """Files the graph loads beyond a transformers checkpoint's configs, weights, tokenizer and
+    templates (fetched from the hub with them)."""
+    split_stages: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """For one checkpoint run as several stages: stage -> (transformers class, attribute of the
+    checkpoint's config that configures it). Used by the memory plan."""
+    repos: tuple[str, ...] = ()
+    """Hugging Face repos of the released checkpoints (documentation)."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.isidentifier():
+            raise ValueError(f"name: must be an identifier, got {self.name!r}")
+        if not callable(self.graph):
+            raise ValueError(f"{self.name}.graph: must be callable")
+
+
+@functools.cache
+def families() -> dict[str, ModelFamily]:
+    """Every registered family, by name (imported on the first call)."""
+    found: dict[str, ModelFamily] = {}
+    for package in FAMILY_PACKAGES:
+        family = importlib.import_module(f"vllm_omni.models.{package}").FAMILY
+        if family.name in found:
+            raise ValueError(f"{package}: family name {family.name!r} is registered twice")
+        found[family.name] = family
+    return found
+
+
+def get_family(name: str) -> ModelFamily:
+    try:
+        return families()[name]
+    except KeyError:
+        raise ValueError(
+            f"model_type: unknown family {name!r}; known: {sorted(families())}"
+        ) from None
+
+
+def detect_family(folder: str | Path, name: str | None = None) -> ModelFamily:
+    """The family of the checkpoint in `folder`, from its `model_index.json` or `config.json`.
+    `name`: what the user typed, for errors (default: the folder)."""
+    folder = Path(folder)
+    name = name or str(folder)
+    index = folder / "model_index.json"
+    if index.is_file():
+        pipeline = json.loads(index.read_text()).get("_class_name")
+        for family in families().values():
+            if pipeline in family.pipeline_classes:
+                return family
+        known = sorted(c for f in families().values() for c in f.pipeline_classes)
+        raise ValueError(
+            f"model: {name!r} is a diffusers pipeline of class {pipeline!r}, which has no "
+            f"built-in stage graph (known: {known}); pass a stage graph YAML with --stage-configs"
+        )
+    if (folder / "config.json").is_file():
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        for family in families().values():
+            if model_type in family.model_types:
+                return family
+        return get_family(PLAIN_LM)
+    found = sorted(p.name for p in folder.iterdir())[:10] if folder.is_dir() else []
+    raise ValueError(
+        f"model: {name!r} has neither model_index.json (a diffusers pipeline) nor config.json "
+        f"(a transformers model); found: {found or 'no files'}"
+    )
