@@ -64,7 +64,7 @@ def qwen_image_folder(tiny_models, tmp_path_factory) -> Path:
         ("transformer", QwenImageTransformer2DModel),
         ("vae", AutoencoderKLQwenImage),
     ):
-        on_meta(cls, torch.bfloat16).save_config(folder / name)  # the class's defaults
+        on_meta(cls).save_config(folder / name)  # the class's defaults
     (folder / "text_encoder").mkdir()
     Qwen2_5_VLConfig(
         text_config=QWEN25_VL_7B_TEXT,
@@ -78,9 +78,7 @@ def test_omni_plan_counts_the_whole_models_parameters(omni_folder: Path) -> None
     from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
     plan = plan_memory("omni", resolve_stage_graph(omni_folder))
-    whole = on_meta(
-        lambda: Qwen2_5OmniForConditionalGeneration(Qwen2_5OmniConfig()), torch.bfloat16
-    )
+    whole = on_meta(lambda: Qwen2_5OmniForConditionalGeneration(Qwen2_5OmniConfig()))
     stages = {s.name: s for s in plan.stages}
     assert stages["thinker"].params == _params(whole.thinker)
     assert stages["talker"].params == _params(whole.talker)
@@ -139,12 +137,12 @@ def test_qwen_image_plan(qwen_image_folder: Path) -> None:
 
     plan = plan_memory("qwen-image", resolve_stage_graph(qwen_image_folder))
     stages = {s.name: s for s in plan.stages}
-    transformer = on_meta(QwenImageTransformer2DModel, torch.bfloat16)
-    vae = on_meta(AutoencoderKLQwenImage, torch.bfloat16)
+    transformer = on_meta(QwenImageTransformer2DModel)
+    vae = on_meta(AutoencoderKLQwenImage)
     assert stages["dit"].params == _params(transformer) + _params(vae)
     assert 20e9 < stages["dit"].params < 21e9  # the 20B release
     config = Qwen2_5_VLConfig(text_config=QWEN25_VL_7B_TEXT, vision_config=QWEN25_VL_7B_VISION)
-    encoder = on_meta(lambda: Qwen2_5_VLForConditionalGeneration(config), torch.bfloat16)
+    encoder = on_meta(lambda: Qwen2_5_VLForConditionalGeneration(config))
     assert stages["text_encoder"].params == _params(encoder)
     # A pooling encoder keeps one input's KV: its stage's own context, not the model's 128K.
     length = stages["text_encoder"].max_model_len

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 
 from vllm_omni.config.stage_config import StageConfig, StageGraph
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
 
 GiB = 2**30
 BLOCK_SIZE = 16  # vLLM's default KV block size (tokens) on CUDA
@@ -126,7 +129,7 @@ def parse_bytes(text: str) -> int:
 # ------------------------------------------------------------------------------ per stage
 
 
-def stage_modules(graph: StageGraph, stage: StageConfig, dtype: torch.dtype) -> list:
+def stage_modules(graph: StageGraph, stage: StageConfig) -> list:
     """The modules `stage` holds, on the meta device."""
     from vllm_omni.models.meta_modules import diffusers_components, transformers_stage
 
@@ -138,8 +141,8 @@ def stage_modules(graph: StageGraph, stage: StageConfig, dtype: torch.dtype) -> 
             if other is not stage and Path(other.model).is_relative_to(folder)
             and Path(other.model) != folder
         }  # fmt: skip
-        return list(diffusers_components(folder, owned, dtype).values())
-    return [transformers_stage(folder, stage.name, dtype)]
+        return list(diffusers_components(folder, owned).values())
+    return [transformers_stage(folder, stage.name)]
 
 
 def count_params(modules: list) -> int:
@@ -219,7 +222,7 @@ def stage_need(
     max_model_len: int | None,
     max_num_seqs: int,
 ) -> StageNeed:
-    modules = stage_modules(graph, stage, dtype)
+    modules = stage_modules(graph, stage)
     params = count_params(modules)
     weight_bytes = params * dtype.itemsize
     if stage.engine_type != "AR":
@@ -338,9 +341,6 @@ def plan_for_this_device(
     """The plan on this machine's first CUDA device (where every stage of a local graph
     starts), or None without CUDA or when the graph does not fit (logged: the user's settings
     may still work, the estimates being estimates)."""
-    from vllm_omni.logger import init_logger
-
-    logger = init_logger(__name__)
     if not torch.cuda.is_available():
         return None
     total = torch.cuda.get_device_properties(0).total_memory

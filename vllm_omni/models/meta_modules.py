@@ -21,18 +21,14 @@ from pathlib import Path
 import torch
 
 
-def on_meta(build: Callable[[], torch.nn.Module], dtype: torch.dtype) -> torch.nn.Module:
-    """`build()` on the meta device with `dtype` as the default: shapes only, no memory."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            return build()
-    finally:
-        torch.set_default_dtype(before)
+def on_meta(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """`build()` on the meta device: shapes only, no memory (the plan prices parameters at
+    its own dtype)."""
+    with torch.device("meta"):
+        return build()
 
 
-def transformers_stage(folder: Path, stage: str, dtype: torch.dtype) -> torch.nn.Module:
+def transformers_stage(folder: Path, stage: str) -> torch.nn.Module:
     """The module an AR (or split) stage of a transformers checkpoint runs."""
     import transformers
 
@@ -51,12 +47,10 @@ def transformers_stage(folder: Path, stage: str, dtype: torch.dtype) -> torch.nn
     cls = getattr(transformers, class_name, None)
     if cls is None:
         raise ValueError(f"model: transformers has no class {class_name!r} (from {folder})")
-    return on_meta(lambda: cls._from_config(config), dtype)
+    return on_meta(lambda: cls._from_config(config))
 
 
-def diffusers_components(
-    folder: Path, skip: set[str], dtype: torch.dtype
-) -> dict[str, torch.nn.Module]:
+def diffusers_components(folder: Path, skip: set[str]) -> dict[str, torch.nn.Module]:
     """A diffusers pipeline's model components (name -> module), but for those in `skip`."""
     import diffusers
 
@@ -71,7 +65,7 @@ def diffusers_components(
             if not issubclass(cls, diffusers.ModelMixin):
                 continue  # a scheduler
             config = cls.load_config(folder / name)
-            modules[name] = on_meta(lambda cls=cls, config=config: cls.from_config(config), dtype)
+            modules[name] = on_meta(lambda cls=cls, config=config: cls.from_config(config))
         elif library == "transformers" and (folder / name / "config.json").is_file():
-            modules[name] = transformers_stage(folder / name, name, dtype)
+            modules[name] = transformers_stage(folder / name, name)
     return modules

@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from vllm.exceptions import VLLMClientError, VLLMValidationError
 
 from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.diffusion.deadline import DeadlineUnreachable
@@ -295,9 +296,9 @@ def _add_speech_chat(app: FastAPI, state: dict, config: ServerConfig, metrics: O
         start = time.monotonic()
         try:
             inputs, params = omni.prepare(body.omni_prompt(), body.stage_params(omni.graph.names))
-        except ValueError as e:
+        except CLIENT_ERRORS as e:  # vLLM's SamplingParams checks raise its own kind
             metrics.requests.labels("chat", "rejected").inc()
-            return _bad_request(str(e), _field_of(str(e)))
+            return _client_error(e)
         request_id = uuid.uuid4().hex
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.create_task(
@@ -470,17 +471,17 @@ def _png_b64(image) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def _is_client_error(error: object) -> bool:
-    from vllm.exceptions import VLLMClientError
+CLIENT_ERRORS = (ValueError, VLLMClientError)
+"""A request's fault: HTTP 400 (`_client_error`)."""
 
-    return isinstance(error, ValueError | VLLMClientError)
+
+def _is_client_error(error: object) -> bool:
+    return isinstance(error, CLIENT_ERRORS)
 
 
 def _client_error(error: Exception) -> JSONResponse:
     """A 400 for a request's fault: our ValueErrors name their field first; vLLM's validation
     errors (raised in the engine, e.g. out-of-vocabulary `stop_token_ids`) carry it."""
-    from vllm.exceptions import VLLMValidationError
-
     if isinstance(error, VLLMValidationError) and error.parameter:
         return _bad_request(f"{error.parameter}: {error.args[0]}", error.parameter)
     return _bad_request(str(error), _field_of(str(error)))
