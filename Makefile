@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit tiny-models clean
+.PHONY: setup demo test test-unit lint tiny-models clean
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,12 @@ test: setup
 # Fast tests only: no vLLM engine is started.
 test-unit: setup
 	$(PY) -m pytest -q -m "not engine" $(PYTEST_ARGS)
+
+# Style (CI runs it): ruff's rules ([tool.ruff] in pyproject.toml) and its formatting.
+LINT_PATHS := vllm_omni tests benchmarks
+lint: setup
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -48,7 +48,7 @@ SHAPE = dict(
 
 
 def build_model(folder: Path) -> str:
-    from vllm_omni.models.tiny import TinyLMConfig, build_lm
+    from vllm_omni.models.plain_lm.tiny import TinyLMConfig, build_lm
 
     if not (folder / "config.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)

@@ -40,10 +40,10 @@ import numpy as np
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
-from vllm_omni.diffusion.model_runner import DiffusionModelRunner
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.residual_cache import ResidualCacheConfig
+from vllm_omni.models.qwen_image.model_runner import DiffusionModelRunner
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 sys.path.insert(0, str(Path(__file__).parent))

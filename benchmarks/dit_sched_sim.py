@@ -38,6 +38,7 @@ from dit_sched import make_trace, paired_ratios  # noqa: E402
 from serve_load import percentile  # noqa: E402
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager  # noqa: E402
+from vllm_omni.diffusion.params import DiffusionSamplingParams  # noqa: E402
 from vllm_omni.diffusion.request import DiTRequest  # noqa: E402
 from vllm_omni.diffusion.scheduler import (  # noqa: E402
     DiffusionScheduler,
@@ -66,7 +67,6 @@ def calibrate(model: str, steps: int = 10) -> dict[int, dict[str, tuple[float, f
     """Seconds of one denoising step and of the decode, per size, as (fixed, per request)."""
     from vllm_omni.diffusion.config import DiTConfig
     from vllm_omni.diffusion.engine_core import DiffusionEngineCore
-    from vllm_omni.diffusion.params import DiffusionSamplingParams
 
     core = DiffusionEngineCore(DiTConfig(model=model), "step")
     dim = core.executor.pipe.transformer.config.joint_attention_dim
@@ -120,7 +120,7 @@ def simulate(policy: str, trace, slo_ms: dict, costs: dict, args) -> dict:
     while len(latency) < len(trace):
         while pending and pending[0].arrival_s + pre_s <= clock.now:
             job = pending.pop(0)
-            params = SimpleNamespace(
+            params = DiffusionSamplingParams(
                 height=job.size,
                 width=job.size,
                 num_inference_steps=job.steps,

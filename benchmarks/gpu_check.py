@@ -155,7 +155,7 @@ class Clock:
 def _pipeline(sizes: Sizes, device: torch.device, dtype: torch.dtype):
     from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
 
-    from vllm_omni.models.tiny import qwen_image_scheduler, qwen_image_vae
+    from vllm_omni.models.qwen_image.tiny import qwen_image_scheduler, qwen_image_vae
 
     torch.manual_seed(0)
     # Built in float32 on the device, then cast parameter by parameter: peak memory is the

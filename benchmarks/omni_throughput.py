@@ -99,7 +99,8 @@ def wide_model(
     (deterministic weights). `time_max_frequency`: see `smooth_time_embedding_`."""
     from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
 
-    from vllm_omni.models.tiny import QWEN_IMAGE_SEED, randomize_, smooth_time_embedding_
+    from vllm_omni.models.qwen_image.tiny import QWEN_IMAGE_SEED
+    from vllm_omni.models.tiny_common import randomize_, smooth_time_embedding_
 
     out = default_models_dir() / name
     stamp = out / ".complete"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_omni.diffusion.vae_fast_path import accelerate_vae
+from vllm_omni.models.qwen_image.vae_fast_path import accelerate_vae
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 SIZES = (64, 192, 512)

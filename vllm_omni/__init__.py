@@ -18,7 +18,7 @@ _LAZY = {
     "OmniLLM": "vllm_omni.entrypoints.omni_llm",
     "AsyncOmniLLM": "vllm_omni.entrypoints.async_omni_llm",
     "DiffusionSamplingParams": "vllm_omni.diffusion.params",
-    "Code2WavParams": "vllm_omni.diffusion.params",
+    "Code2WavParams": "vllm_omni.models.qwen2_5_omni.params",
     "OmniRequestOutput": "vllm_omni.outputs",
     "StageGraph": "vllm_omni.config.stage_config",
     "StageConfig": "vllm_omni.config.stage_config",

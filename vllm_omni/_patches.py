@@ -47,7 +47,8 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
    WHY: RayExecutorV2._init_executor refuses a platform without a Ray device key (CPU's is "")
         and creates its worker actors from the module-level `RayWorkerProc`, which asks Ray for
         GPU ids; CPU workers need a custom resource and no accelerator ids.
-   SCOPE: only while `CPURayExecutor._init_executor` runs (`cpu_ray_globals`, restored after),
+   SCOPE: only while `CPURayExecutor._init_executor` runs (`cpu_ray_globals`, which lives in
+        `vllm_omni.executor.cpu_ray`; restored after),
         in the engine-core process of an engine that asked for Ray on CPU. Not a wrapper, so
         the functions that read these two globals are pinned instead (`all_pinned`).
    REMOVE: when vLLM's Ray executor supports the CPU platform.
@@ -85,7 +86,7 @@ import hashlib
 import inspect
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_omni.logger import init_logger
@@ -301,18 +302,13 @@ def all_patches() -> list[Patch]:
     ]
 
 
-@contextlib.contextmanager
-def cpu_ray_globals(resource: str, worker_proc: type) -> Iterator[None]:
-    """Patch 5: the Ray device key and worker actor class RayExecutorV2 reads, for CPU."""
-    from vllm.platforms import current_platform
-    from vllm.v1.executor import ray_executor_v2
+def cpu_ray_globals(resource: str, worker_proc: type) -> contextlib.AbstractContextManager[None]:
+    """Patch 5: the Ray device key and worker actor class RayExecutorV2 reads, for CPU. Listed
+    here with the other patches; it lives with its only user, `vllm_omni.executor.cpu_ray`,
+    which sits below this module and must not import it (tests/test_layering.py)."""
+    from vllm_omni.executor.cpu_ray import cpu_ray_globals
 
-    saved = current_platform.ray_device_key, ray_executor_v2.RayWorkerProc
-    current_platform.ray_device_key, ray_executor_v2.RayWorkerProc = resource, worker_proc
-    try:
-        yield
-    finally:
-        current_platform.ray_device_key, ray_executor_v2.RayWorkerProc = saved
+    return cpu_ray_globals(resource, worker_proc)
 
 
 def apply() -> dict[str, bool]:
@@ -342,7 +338,15 @@ class Pinned:
 
 
 def all_pinned() -> list[Pinned]:
-    from diffusers.models.autoencoders import autoencoder_kl_qwenimage as qwen_vae
+    """These, and what each model family relies on (its `pinned`)."""
+    from vllm_omni.models.registry import families
+
+    return _library_pinned() + [
+        pin for family in families().values() if family.pinned for pin in family.pinned()
+    ]
+
+
+def _library_pinned() -> list[Pinned]:
     from vllm.distributed.device_communicators.shm_broadcast import ShmRingBuffer
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.executor import ray_utils
@@ -394,8 +398,9 @@ def all_pinned() -> list[Pinned]:
             GPUModelRunner,
             "_model_forward",
             "a8f98588a465",
-            "worker.hidden_states and worker.talker wrap it on their runner: it runs the model on "
-            "the batch in `input_batch.req_ids` order, with `input_ids` as a keyword argument.",
+            "worker hooks (hidden states, per-token conditioning) wrap it on the runner: it "
+            "runs the model on the batch in `input_batch.req_ids` order, with `input_ids` as a "
+            "keyword argument.",
         ),
         Pinned(
             GPUModelRunner,
@@ -410,19 +415,5 @@ def all_pinned() -> list[Pinned]:
             "9e116796002e",
             "engine.hidden_states_tap wraps it per engine: an output with a pooling tensor is "
             "taken as a pooling request's, so the tap removes the rows of generation outputs.",
-        ),
-        Pinned(
-            qwen_vae.QwenImageCausalConv3d,
-            "forward",
-            "afffb99acd51",
-            "diffusion.vae_fast_path stands in for it on one frame without a cache: zero padding "
-            "of `_padding` (F.pad order, time in front), then the plain Conv3d.",
-        ),
-        Pinned(
-            qwen_vae.QwenImageRMS_norm,
-            "forward",
-            "fc44101b6513",
-            "diffusion.vae_fast_path stands in for it: F.normalize over the channels (in float32 "
-            "for 16-bit inputs), times `scale` and `gamma`, plus `bias`.",
         ),
     ]

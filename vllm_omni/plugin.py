@@ -32,23 +32,24 @@ def check_vllm_version(installed: str | None = None) -> None:
 
 
 def register() -> None:
-    """Check the vLLM version, apply vllm_omni's vLLM patches, register its models and let
-    vLLM's child processes exit without a final garbage collection; idempotent."""
+    """Check the vLLM version, apply vllm_omni's vLLM patches, register the model families'
+    vLLM models and let vLLM's child processes exit without a final garbage collection;
+    idempotent."""
     global _registered
     if not _registered:
         check_vllm_version()
         from vllm import ModelRegistry
 
         from vllm_omni import _patches
-        from vllm_omni.models.qwen25_omni_talker import TALKER_ARCH
+        from vllm_omni.models.registry import families
         from vllm_omni.platform.process_exit import skip_final_gc_in_child_processes
 
         _patches.apply()
         skip_final_gc_in_child_processes()
-        # By name: the model's module (torch layers) loads only where an engine builds it.
-        ModelRegistry.register_model(
-            TALKER_ARCH, "vllm_omni.models.qwen25_omni_talker:Qwen25OmniTalkerForCodec"
-        )
+        for family in families().values():
+            # By name: a model's module (torch layers) loads only where an engine builds it.
+            for architecture, where in family.vllm_models.items():
+                ModelRegistry.register_model(architecture, where)
         _registered = True
     if trace_path := os.environ.get(TRACE_ENV):
         import multiprocessing

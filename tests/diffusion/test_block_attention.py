@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_omni.diffusion.block_attention import (
+from vllm_omni.models.qwen2_5_omni.block_attention import (
     BLOCK_BAND,
     block_band_attention,
     use_block_band_attention,
@@ -42,7 +42,7 @@ def test_the_dit_gives_the_same_output_without_dense_masks() -> None:
         Qwen2_5OmniToken2WavDiTModel,
     )
 
-    from vllm_omni.models import tiny_omni
+    from vllm_omni.models.qwen2_5_omni import tiny as tiny_omni
 
     config = tiny_omni.qwen25_omni_config().token2wav_config.dit_config
     torch.manual_seed(0)

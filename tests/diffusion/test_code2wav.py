@@ -11,7 +11,12 @@ import torch
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
-from vllm_omni.diffusion.code2wav import (
+from vllm_omni.diffusion.config import DiTConfig
+from vllm_omni.diffusion.engine_core import DiffusionEngineCore
+from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.engine.dit_stage import DiTStage
+from vllm_omni.models.qwen2_5_omni import tiny as tiny_omni
+from vllm_omni.models.qwen2_5_omni.code2wav import (
     CODEC_TOKENS,
     STREAM_CHUNK_CODES,
     STREAM_FIRST_CHUNK_CODES,
@@ -20,12 +25,7 @@ from vllm_omni.diffusion.code2wav import (
     Code2WavExecutor,
     chunk_windows,
 )
-from vllm_omni.diffusion.config import DiTConfig
-from vllm_omni.diffusion.engine_core import DiffusionEngineCore
-from vllm_omni.diffusion.params import Code2WavParams
-from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.engine.dit_stage import DiTStage
-from vllm_omni.models import tiny_omni
+from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
 
 SAMPLES_PER_TOKEN = 480  # 2 mel frames per codec token x BigVGAN hop 240
 # The executor against itself in a DiT stage process (another thread pool): a last-bit difference
@@ -196,11 +196,11 @@ def test_cpu_stage_decodes_on_one_thread_one_request_at_a_time(omni_dir) -> None
 # ---------------------------------------------------------------------------- in-process
 def test_info(executor: Code2WavExecutor) -> None:
     info = executor.info
-    assert info["sample_rate"] == 24_000
-    assert info["voices"] == sorted(tiny_omni.SPEAKERS)
-    assert info["samples_per_token"] == SAMPLES_PER_TOKEN
-    assert info["max_codec_tokens"] == 4096  # max_position_embeddings 8192 / 2 frames per code
-    assert info["window_align"] == WINDOW_ALIGN
+    assert info.sample_rate == 24_000
+    assert info.voices == tuple(sorted(tiny_omni.SPEAKERS))
+    assert info.samples_per_token == SAMPLES_PER_TOKEN
+    assert info.max_codec_tokens == 4096  # max_position_embeddings 8192 / 2 frames per code
+    assert info.window_align == WINDOW_ALIGN
 
 
 @pytest.mark.parametrize("voice", tiny_omni.SPEAKERS)
@@ -380,8 +380,8 @@ async def _stage_scenario(omni_dir: str, executor: Code2WavExecutor) -> None:
     stage = DiTStage(config)
     await stage.start()
     try:
-        assert stage.info["voices"] == sorted(tiny_omni.SPEAKERS)
-        assert stage.info["samples_per_token"] == SAMPLES_PER_TOKEN
+        assert stage.info.voices == tuple(sorted(tiny_omni.SPEAKERS))
+        assert stage.info.samples_per_token == SAMPLES_PER_TOKEN
         codes = {"a": _codes(9, seed=4), "b": _codes(14, seed=5)}
         params = {
             "a": stage.validate(Code2WavParams(voice="Ethan", seed=11)),

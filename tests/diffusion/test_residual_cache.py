@@ -15,13 +15,9 @@ from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.engine_core import DiffusionEngineCore
 from vllm_omni.diffusion.params import DiffusionSamplingParams
-from vllm_omni.diffusion.residual_cache import (
-    FirstBlockCachedForward,
-    ResidualCacheConfig,
-    RowGroup,
-    supports,
-)
-from vllm_omni.models.tiny import smooth_time_embedding_
+from vllm_omni.diffusion.residual_cache import ResidualCacheConfig, RowGroup
+from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
+from vllm_omni.models.tiny_common import smooth_time_embedding_
 
 from ..diffusers_reference import load_pipeline, max_pixel_diff
 
@@ -119,7 +115,7 @@ def test_all_rows_computing_is_the_transformer_forward(pipe, embeds):
     """Every row computing (the last warm-up step): exactly the operations of the transformer's
     forward, and the residuals kept for the next step."""
     from vllm_omni.diffusion.cache_manager import DiTCacheEntry
-    from vllm_omni.diffusion.model_runner import pad_text
+    from vllm_omni.models.qwen_image.model_runner import pad_text
 
     t = pipe.transformer
     text, mask = pad_text([e[None] for e in embeds[:3]])

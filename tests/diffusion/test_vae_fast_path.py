@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.profiler import profile
 
-from vllm_omni.diffusion.vae_fast_path import accelerate_vae
+from vllm_omni.models.qwen_image.vae_fast_path import accelerate_vae
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 

@@ -148,7 +148,7 @@ def test_stages_overlap_across_requests(omni) -> None:
         ({"prompt": "x", "style": "y"}, None, r"prompt\.style: unknown field"),
         ("x", DiffusionSamplingParams(height=70, width=64), "height: must be a multiple of 16"),
         ("x", {"nope": None}, r"sampling_params\.nope: no such stage"),
-        ("x", {"dit": "fast"}, r"sampling_params\.dit: a DiT stage takes DiffusionSamplingParams"),
+        ("x", {"dit": "fast"}, r"sampling_params\.dit: an image stage takes Diffusion"),
         ("x", [None, None], r"sampling_params: a list needs one entry per prompt \(1\), got 2"),
         ("x", [[None]], "sampling_params: one request takes one object or a dict"),
     ],

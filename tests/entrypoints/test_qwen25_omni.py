@@ -210,7 +210,7 @@ def test_text_only_request_skips_the_speech_stages(omni):
         ({"prompt": PROMPT, "modalities": ["image"]}, r"modalities: 'image' is not an output"),
         (
             {"prompt": PROMPT, "modalities": ["text"], "voice": "Ethan"},
-            r"voice: this request produces no speech",
+            r"voice: no stage of this request takes it",
         ),
     ],
 )

@@ -11,7 +11,7 @@ import pytest
 import requests
 import torch
 
-from vllm_omni.entrypoints.openai.speech_chat import audio_samples
+from vllm_omni.models.qwen2_5_omni.speech_chat import audio_samples
 
 from ..hf_reference import one_thread
 from ..media import audio_part, image_part

@@ -62,3 +62,53 @@ def test_importing_the_registry_imports_no_family() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
+    """Built-in graphs name processors and executors that the families register, each once."""
+    from vllm_omni.models.registry import executor_kinds, processors
+
+    assert set(processors()) == {"qwen_image_prompt", "qwen25_omni_thinker", "qwen25_omni_talker"}
+    assert set(executor_kinds()) == {"diffusers", "vae_decoder", "code2wav"}
+    for family in families().values():
+        for stage in family.graph()["stages"]:
+            if "processor" in stage:
+                assert stage["processor"] in processors()
+            if stage["engine_type"] == "DiT":
+                assert stage.get("executor", "diffusers") in executor_kinds()
+
+
+def test_a_name_registered_twice_is_an_error() -> None:
+    from vllm_omni.models.registry import _by_name
+
+    with pytest.raises(ValueError, match="executor 'x' is registered by two families"):
+        _by_name("executor", [("x", 1), ("x", 2)])
+
+
+def test_an_unknown_executor_names_the_field() -> None:
+    from vllm_omni.config.stage_config import StageConfig
+
+    with pytest.raises(ValueError, match=r"executor: DiT stages take one of .*'code2wav'"):
+        StageConfig(name="s", engine_type="DiT", model="m", executor="nope")
+    with pytest.raises(ValueError, match="residual caching runs in an executor that supports"):
+        StageConfig(
+            name="s",
+            engine_type="DiT",
+            model="m",
+            executor="code2wav",
+            dit={"residual_cache": {"threshold": 0.1}},
+        )
+
+
+def test_a_family_s_vllm_models_are_what_its_modules_define() -> None:
+    """The registry holds "module:Class" strings (vLLM imports them lazily): they must exist."""
+    import importlib
+
+    for family in families().values():
+        for architecture, where in family.vllm_models.items():
+            module, cls = where.split(":")
+            model = getattr(importlib.import_module(module), cls)
+            assert model.__name__ == cls
+    from vllm_omni.models.qwen2_5_omni.talker_model import TALKER_ARCH
+
+    assert TALKER_ARCH in families()["qwen2_5_omni"].vllm_models

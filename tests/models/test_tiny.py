@@ -13,6 +13,7 @@ import torch
 
 from vllm_omni.models import tiny
 from vllm_omni.models import tiny_tokenizer as tt
+from vllm_omni.models.plain_lm.tiny import TinyLMConfig
 
 from ..greedy_reference import TEXT_NEW_TOKENS as NEW_TOKENS
 from ..greedy_reference import TEXT_PROMPTS as PROMPTS
@@ -110,9 +111,9 @@ def test_build_is_byte_identical_and_rebuilds_stale(
 
 def test_lm_config_validation() -> None:
     with pytest.raises(ValueError, match="num_heads \\* head_dim"):
-        tiny.TinyLMConfig("llama", 1, 100, 2, 1, 64, 128, 1e4, seed=0)
+        TinyLMConfig("llama", 1, 100, 2, 1, 64, 128, 1e4, seed=0)
     with pytest.raises(ValueError, match="architecture"):
-        tiny.TinyLMConfig("gpt2", 1, 128, 2, 1, 64, 128, 1e4, seed=0)
+        TinyLMConfig("gpt2", 1, 128, 2, 1, 64, 128, 1e4, seed=0)
 
 
 # --------------------------------------------------------------------------- LMs

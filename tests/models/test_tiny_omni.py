@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_omni.models import tiny_omni
 from vllm_omni.models import tiny_tokenizer as tt
+from vllm_omni.models.qwen2_5_omni import tiny as tiny_omni
 
 
 @pytest.fixture(scope="module")

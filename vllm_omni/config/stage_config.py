@@ -24,24 +24,27 @@ import yaml
 from vllm_omni.config.model_source import fetch_model, is_repo_id
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.scheduler import SCHEDULING_MODES
+from vllm_omni.models import registry
 
 Locate = Callable[[str], Path]
 
 ENGINE_TYPES = ("AR", "DiT")
-# Registered names, per engine type.
+# Registered names, per engine type (process-stage executors and AR processors: the model
+# families', vllm_omni.models.registry).
 SCHEDULERS = {"AR": ("default", "cpp"), "DiT": SCHEDULING_MODES}
-EXECUTORS = {"AR": ("auto", "mp", "uni", "ray"), "DiT": ("diffusers", "vae_decoder", "code2wav")}
+AR_EXECUTORS = ("auto", "mp", "uni", "ray")
 DEFAULT_SCHEDULER = {"AR": "default", "DiT": "step"}
 BACKENDS = ("local", "ray")
 DEFAULT_EXECUTOR = {"AR": "auto", "DiT": "diffusers"}
-# DiT executors that run whole requests only: `fifo` is their default and only scheduler.
-WHOLE_REQUEST_EXECUTORS = ("vae_decoder", "code2wav")
 
 
-def _processors() -> tuple[str, ...]:
-    from vllm_omni.engine.stage_processors import PROCESSORS
+def executors(engine_type: str) -> tuple[str, ...]:
+    return AR_EXECUTORS if engine_type == "AR" else tuple(registry.executor_kinds())
 
-    return tuple(PROCESSORS)
+
+def _whole_requests(executor: str) -> bool:
+    kind = registry.executor_kinds().get(executor)
+    return kind is not None and kind.whole_requests
 
 
 @dataclass(frozen=True)
@@ -80,29 +83,27 @@ class StageConfig:
             )
         if self.executor is None:
             object.__setattr__(self, "executor", DEFAULT_EXECUTOR[self.engine_type])
-        if self.scheduler is None:
-            default = (
-                "fifo"
-                if self.executor in WHOLE_REQUEST_EXECUTORS
-                else DEFAULT_SCHEDULER[self.engine_type]
+        if self.executor not in executors(self.engine_type):
+            raise ValueError(
+                f"executor: {self.engine_type} stages take one of "
+                f"{executors(self.engine_type)}, got {self.executor!r}"
             )
+        whole_requests = self.engine_type == "DiT" and _whole_requests(self.executor)
+        if self.scheduler is None:
+            default = "fifo" if whole_requests else DEFAULT_SCHEDULER[self.engine_type]
             object.__setattr__(self, "scheduler", default)
         if self.scheduler not in SCHEDULERS[self.engine_type]:
             raise ValueError(
                 f"scheduler: {self.engine_type} stages take one of "
                 f"{SCHEDULERS[self.engine_type]}, got {self.scheduler!r}"
             )
-        if self.executor not in EXECUTORS[self.engine_type]:
-            raise ValueError(
-                f"executor: {self.engine_type} stages take one of "
-                f"{EXECUTORS[self.engine_type]}, got {self.executor!r}"
-            )
-        if self.executor in WHOLE_REQUEST_EXECUTORS and self.scheduler != "fifo":
+        if whole_requests and self.scheduler != "fifo":
             raise ValueError(
                 f"scheduler: the {self.executor} executor runs whole requests; use 'fifo'"
             )
-        if self.processor is not None and self.processor not in _processors():
-            raise ValueError(f"processor: must be one of {_processors()}, got {self.processor!r}")
+        if self.processor is not None and self.processor not in registry.processors():
+            known = tuple(registry.processors())
+            raise ValueError(f"processor: must be one of {known}, got {self.processor!r}")
         for key, source in self.inputs.items():
             if not isinstance(source, str) or source.count(".") != 1:
                 raise ValueError(f"inputs.{key}: must be 'stage.tensor', got {source!r}")
@@ -127,20 +128,22 @@ class StageConfig:
             if dit.admission_control and dit.scheduling_policy != "deadline":
                 raise ValueError("dit.admission_control: needs scheduling_policy 'deadline'")
             cache = dit.residual_cache
-            if (
-                cache is not None
-                and cache.enabled
-                and (self.executor != "diffusers" or self.scheduler != "step")
-            ):
-                raise ValueError(
-                    "dit.residual_cache: residual caching runs in the 'diffusers' executor "
-                    f"with the 'step' scheduler; this stage has {self.executor!r} / "
-                    f"{self.scheduler!r}"
-                )
+            if cache is not None and cache.enabled:
+                self._check_residual_cache()
         elif self.dit:
             raise ValueError("dit: only DiT stages take DiT settings")
         if self.engine_type == "DiT" and self.engine_args:
             raise ValueError("engine_args: DiT stages take their settings under 'dit'")
+
+    def _check_residual_cache(self) -> None:
+        kind = registry.executor_kind(self.executor)
+        if not kind.residual_cache or self.scheduler != "step":
+            able = sorted(n for n, k in registry.executor_kinds().items() if k.residual_cache)
+            raise ValueError(
+                f"dit.residual_cache: residual caching runs in an executor that supports it "
+                f"({able}) with the 'step' scheduler; this stage has {self.executor!r} / "
+                f"{self.scheduler!r}"
+            )
 
     @property
     def sources(self) -> list[str]:
@@ -237,8 +240,8 @@ class StageGraph:
 
     def stages_for(self, modalities: tuple[str, ...]) -> list[str]:
         """The stages a request that wants `modalities` runs: the final stages that produce one
-        of them, and every stage they depend on (a text-only request to Qwen2.5-Omni runs the
-        thinker alone)."""
+        of them, and every stage they depend on (a text-only request to a model that
+        writes and speaks runs its text stage alone)."""
         needed: set[str] = set()
         pending = [s.name for s in self.final_stages if set(s.output_modalities) & set(modalities)]
         while pending:

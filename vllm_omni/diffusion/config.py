@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
+
 from vllm_omni.diffusion.deadline import POLICIES
 from vllm_omni.diffusion.residual_cache import ResidualCacheConfig
 
@@ -78,3 +80,10 @@ class DiTConfig:
             return cls(**values)
         except ValueError as e:
             raise ValueError(f"{where}.{e}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """A stage's `device` setting as a torch device ("auto": CUDA when present)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

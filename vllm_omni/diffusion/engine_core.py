@@ -2,7 +2,8 @@
 """DiffusionEngineCore: the DiT stage's busy loop, in its own process.
 
 The loop has the shape of vLLM's EngineCore.step - schedule, execute, update - with the
-DiffusionScheduler, DiffusersPipelineExecutor and DiTCacheManager in place of vLLM's. Why not
+DiffusionScheduler, a family's StageExecutor (vllm_omni.diffusion.executor_kind) and the
+DiTCacheManager in place of vLLM's. Why not
 vLLM's EngineCore itself: see docs/architecture.md ("Why the DiT stage has its own loop").
 
 Messages in (`inbox`): ("add", request_id, (inputs, params)), ("abort", request_id, None),
@@ -23,11 +24,11 @@ import torch
 from vllm_omni.diffusion.cache_manager import DiTCacheConfig, DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.deadline import DeadlineUnreachable
-from vllm_omni.diffusion.executor import EXECUTORS, DiffusersPipelineExecutor
-from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
+from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiffusionScheduler, DiTSchedulerConfig
 from vllm_omni.logger import init_logger
+from vllm_omni.models.registry import executor_kind
 
 logger = init_logger(__name__)
 
@@ -35,21 +36,15 @@ EXPIRY_CHECK_S = 10.0
 
 
 class DiffusionEngineCore:
-    """`pipe` (diffusers executor only): an already built pipeline instead of `config.model`."""
+    """`executor`: a registered executor name (a stage's `executor:`). `pipe`: an already built
+    pipeline instead of `config.model`, for executors that take one."""
 
     def __init__(
         self, config: DiTConfig, mode: str = "step", executor: str = "diffusers", pipe=None
     ) -> None:
         self.config = config
         self.cache = DiTCacheManager(DiTCacheConfig(config.cache_max_bytes, config.cache_ttl_s))
-        if pipe is None:
-            self.executor = EXECUTORS[executor](config, self.cache)
-        elif executor == "diffusers":
-            self.executor = DiffusersPipelineExecutor(config, self.cache, pipe)
-        else:
-            raise ValueError(
-                f"pipe: only the 'diffusers' executor takes a built pipeline, not {executor!r}"
-            )
+        self.executor = executor_kind(executor).build(config, self.cache, pipe)
         self.scheduler = DiffusionScheduler(
             DiTSchedulerConfig(
                 mode=mode,
@@ -65,19 +60,12 @@ class DiffusionEngineCore:
         self.last_step_s = 0.0
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> StageInfo:
         return self.executor.info
 
-    def add_request(
-        self,
-        request_id: str,
-        inputs: dict[str, torch.Tensor],
-        params: DiffusionSamplingParams | Code2WavParams,
-    ) -> None:
+    def add_request(self, request_id: str, inputs: dict[str, torch.Tensor], params: Any) -> None:
         request = DiTRequest(request_id, params, inputs)
-        check = getattr(self.executor, "check_request", None)
-        if check is not None:  # a bad request fails alone here, not the whole step later
-            check(request)
+        self.executor.check_request(request)  # a bad request fails alone, not a whole step later
         self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> bool:
@@ -109,12 +97,8 @@ class DiffusionEngineCore:
             "num_finished": self.num_finished,
             "last_step_s": self.last_step_s,
             **self.scheduler.slo.as_dict(),
+            **self.executor.stats(),
         }
-        runner = getattr(self.executor, "model_runner", None)
-        cached = getattr(runner, "cached_forward", None)
-        if cached is not None:  # row-steps through every block / served by the residual cache
-            stats["residual_computed_rows"] = cached.num_computed_rows
-            stats["residual_cached_rows"] = cached.num_cached_rows
         return stats
 
 

@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A request as the DiT stage sees it."""
+"""A request as the process stage's loop sees it."""
 
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-
-from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 
 
 class DiTRequestStatus(enum.Enum):
@@ -21,11 +21,12 @@ class DiTRequestStatus(enum.Enum):
 
 @dataclass
 class DiTRequest:
-    """`params` is resolved: size and seed are filled in. `inputs` holds the named tensors
-    that arrived over the stage graph's edges (e.g. `prompt_embeds`)."""
+    """`params` is resolved (size and seed filled in) and follows the ProcessParams protocol
+    (vllm_omni.diffusion.executor_kind). `inputs` holds the named tensors that arrived over the
+    stage graph's edges (e.g. `prompt_embeds`)."""
 
     request_id: str
-    params: DiffusionSamplingParams | Code2WavParams
+    params: Any
     inputs: dict[str, torch.Tensor]
     arrival: float = field(default_factory=time.monotonic)
     status: DiTRequestStatus = DiTRequestStatus.WAITING
@@ -35,41 +36,19 @@ class DiTRequest:
     @property
     def deadline(self) -> float | None:
         """Wall-clock time (time.time()) by which the result is due; None: no SLO."""
-        return getattr(self.params, "deadline", None)
+        return self.params.deadline
 
     @property
-    def shape_key(self) -> tuple:
-        """Requests with equal keys can share a transformer call in step mode."""
-        if isinstance(self.params, Code2WavParams):
-            return self.pipeline_key
-        return (self.params.height, self.params.width)
+    def shape_key(self) -> Hashable:
+        """Requests with equal keys can share a model call in step mode."""
+        return self.params.step_key(self.inputs)
 
     @property
-    def pipeline_key(self) -> tuple:
-        """Requests with equal keys can share one whole-pipeline call (request mode)."""
-        p = self.params
-        if isinstance(p, Code2WavParams):
-            # One batch needs equal code counts (no padding: the DiT attends over every frame)
-            # and one voice (its reference mel sets the shape of the speaker input).
-            num_codes = (
-                int(self.inputs["codec_tokens"].numel()) if "codec_tokens" in self.inputs else -1
-            )
-            return (
-                "code2wav",
-                num_codes,
-                p.voice,
-                p.num_steps,
-                p.guidance_scale,
-                p.sway_coefficient,
-            )
-        return (p.height, p.width, p.num_inference_steps, p.true_cfg_scale, p.do_cfg, p.output_type)
+    def pipeline_key(self) -> Hashable:
+        """Requests with equal keys can share one whole-request call (fifo mode)."""
+        return self.params.call_key(self.inputs)
 
     @property
     def num_steps(self) -> int:
         """Denoising steps of the whole request."""
-        p = self.params
-        return p.num_steps if isinstance(p, Code2WavParams) else p.num_inference_steps
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status in (DiTRequestStatus.FINISHED, DiTRequestStatus.ABORTED)
+        return self.params.total_steps

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """ARStage: an autoregressive stage on a real vLLM engine (AsyncLLM, its own core process).
 
-With a prompt-encoder processor (e.g. `qwen_image_prompt`) the engine runs as a pooling model
-and vLLM's model runner returns each request's hidden states through `pooler_output`; the
-processor keeps the rows the next stage needs. A generating processor (Qwen2.5-Omni's thinker
-and talker, `qwen25_omni`) builds the engine's prompts and drives it itself. Without one, the
-stage generates text.
+With a prompt-encoder processor the engine runs as a pooling model and vLLM's model runner
+returns each request's hidden states through `pooler_output`; the processor keeps the rows the
+next stage needs. A generating processor (vllm_omni.engine.stage_processor.Generator) builds the
+engine's prompts and drives it itself. Without one, the stage generates text. Processors come
+from the model families, by registered name (a stage's `processor:`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.engine.hidden_states_tap import HiddenStatesTap
 from vllm_omni.engine.kv_sizing import one_step_kv_cache_bytes
-from vllm_omni.engine.stage_processors import PROCESSORS, PromptEncoder
+from vllm_omni.engine.stage_processor import Generator, PromptEncoder, StageProcessor
 from vllm_omni.logger import init_logger
+from vllm_omni.models.registry import processors
 
 logger = init_logger(__name__)
 
@@ -37,9 +38,9 @@ class ARStage:
 
     def __init__(self, config: StageConfig) -> None:
         self.config = config
-        self.processor = PROCESSORS[config.processor] if config.processor else None
-        if self.processor is not None and not isinstance(self.processor, PromptEncoder):
-            self.processor = self.processor.for_stage(config)
+        self.processor: StageProcessor | None = (
+            processors()[config.processor](config) if config.processor else None
+        )
         self.engine = None
         self.hidden_states: HiddenStatesTap | None = None
         self.busy = BusyTracker()
@@ -98,7 +99,7 @@ class ARStage:
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats,
         )
-        if getattr(self.processor, "wants_hidden_states", False):
+        if isinstance(self.processor, Generator) and self.processor.hands_on_hidden_states:
             self.hidden_states = HiddenStatesTap(self.engine)
         logger.info("AR stage %r: vLLM engine up in %.1f s", self.name, time.perf_counter() - start)
 
@@ -109,7 +110,26 @@ class ARStage:
     @property
     def takes_user_params(self) -> bool:
         """Whether one SamplingParams given for a whole request reaches this stage."""
-        return self.processor is None or getattr(self.processor, "takes_user_params", False)
+        if isinstance(self.processor, Generator):
+            return self.processor.takes_user_params
+        return self.processor is None
+
+    @property
+    def takes_messages(self) -> bool:
+        return isinstance(self.processor, Generator) and self.processor.takes_messages
+
+    @property
+    def request_options(self) -> tuple[str, ...]:
+        return self.processor.request_options if isinstance(self.processor, Generator) else ()
+
+    def takes_params(self, params: Any) -> bool:
+        """Whether one parameter object given for a whole request is this stage's."""
+        from vllm import SamplingParams
+
+        return isinstance(params, SamplingParams) and self.takes_user_params
+
+    def prompt_inputs(self, params: Any) -> dict[str, Any]:
+        return {}
 
     def _stats_recorder(self, vllm_config, engine_index: int = 0):
         """A vLLM stat logger that keeps this stage's latest scheduler stats. (vLLM's own
@@ -132,14 +152,18 @@ class ARStage:
 
         return Recorder(vllm_config, engine_index)
 
-    def validate(self, params: Any) -> Any:
+    def validate(self, params: Any, inputs: dict[str, Any] | None = None) -> Any:
+        """The request's parameters for this stage; `inputs` (the prompt mapping) carries the
+        request options its processor checks."""
         from vllm import SamplingParams
 
         if self.is_encoder:
             return None  # a prompt encoder takes no per-request parameters
-        if params is None:  # a generating processor may have defaults of its own (the talker's)
-            default = getattr(self.processor, "default_params", SamplingParams)
-            return default()
+        if isinstance(self.processor, Generator) and inputs:
+            self.processor.check_options(inputs)
+        if params is None:  # a generating processor may have defaults of its own
+            default = self.processor.default_params() if self.processor is not None else None
+            return default if default is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(
                 f"sampling_params.{self.name}: an AR stage takes vllm.SamplingParams, "

@@ -13,22 +13,21 @@ import asyncio
 import itertools
 import os
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.diffusion.deadline import DeadlineUnreachable
-from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
+from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.engine.stage_process import start_stage_process
 from vllm_omni.logger import init_logger
+from vllm_omni.models.registry import executor_kind
 from vllm_omni.platform.cpu_defaults import malloc_env_defaults
 
 logger = init_logger(__name__)
@@ -40,43 +39,23 @@ class DiTStageError(RuntimeError):
     pass
 
 
-def as_tensor(array: np.ndarray) -> torch.Tensor:
-    """A tensor over a stage's result; a copy if the array is read-only (a Ray actor's result,
-    mapped from the object store), which torch would share without guarding it."""
-    return torch.from_numpy(array if array.flags.writeable else array.copy())
-
-
 class DiTStage:
+    """A process stage: its executor (a stage's `executor:`, registered by a model family as an
+    ExecutorKind) says what its requests take and what its results mean."""
+
     engine_type = "DiT"
+    takes_messages = False
 
     def __init__(self, config: StageConfig) -> None:
         self.config = config
+        self.kind = executor_kind(config.executor)
         self.dit_config = config.dit_config()
-        if (
-            config.executor in ("vae_decoder", "code2wav")
-            and self.dit_config.num_threads is None
-            and _runs_on_cpu(self.dit_config)
-        ):
-            # vae_decoder: VAE decoding barely scales with threads (measured: 41 vs 38 ms per
-            # 128x128 image on 1 vs 2 threads); one thread leaves the other cores to the DiT,
-            # whose matmuls do scale. With both on all cores, OpenMP threads spin against each
-            # other. code2wav: vLLM binds the thinker's and talker's workers to the cores it does
-            # not reserve, so a second decoding thread lands on a busy worker core and every
-            # OpenMP barrier waits for it (2-core EPYC, streamed request alone: first audio
-            # 0.95-7.7 s on 2 threads, 0.74-1.13 s on 1; the whole reply 6.8-11 s vs 4.6-6.2 s).
-            self.dit_config = replace(self.dit_config, num_threads=1)
-        if (
-            config.executor == "code2wav"
-            and "max_num_seqs" not in config.dit
-            and _runs_on_cpu(self.dit_config)
-        ):
-            # On a CPU, batching decodes saves little (measured on a 2-core EPYC, one thread,
-            # 512 codes: 0.96 s alone, 0.74 s each in a batch of 2, 0.93 s in a batch of 4), and
-            # a request's audio would wait for its whole batch.
-            self.dit_config = replace(self.dit_config, max_num_seqs=1)
-        self.busy = BusyTracker()  # the DiT process's engine steps
+        if _runs_on_cpu(self.dit_config):  # the executor's CPU settings, where none is given
+            unset = {k: v for k, v in self.kind.cpu_defaults.items() if k not in config.dit}
+            self.dit_config = replace(self.dit_config, **unset)
+        self.busy = BusyTracker()  # the stage process's engine steps
         self.step_listeners: list[Callable[[float], None]] = []  # hear each step's seconds
-        self.info: dict[str, Any] = {}
+        self.info: StageInfo = StageInfo()
         self.last_stats: dict[str, Any] = {}
         self.num_finished = 0
         self._pending: dict[Any, asyncio.Future] = {}
@@ -124,76 +103,33 @@ class DiTStage:
 
     # ------------------------------------------------------------------ requests
     @property
-    def is_code2wav(self) -> bool:
-        return self.config.executor == "code2wav"
+    def request_options(self) -> tuple[str, ...]:
+        return self.kind.request_options
 
-    def validate(self, params: Any) -> DiffusionSamplingParams | Code2WavParams:
-        """Fill in size and seed; reject what the pipeline cannot do, naming the field."""
-        if self.is_code2wav:
-            return self._validate_code2wav(params)
-        if params is None:
-            params = DiffusionSamplingParams()
-        if not isinstance(params, DiffusionSamplingParams):
-            raise ValueError(
-                f"sampling_params.{self.name}: a DiT stage takes DiffusionSamplingParams, "
-                f"got {type(params).__name__}"
-            )
-        if params.cache_threshold and self.config.scheduler != "step":
-            raise ValueError(
-                f"cache_threshold: residual caching needs step-level scheduling; stage "
-                f"{self.name!r} runs whole requests ({self.config.scheduler!r})"
-            )
-        height, width = self.info["default_size"]
-        multiple = self.info["size_multiple"]
-        deadline = params.deadline
-        if deadline is None and params.latency_slo_ms is not None:
-            deadline = time.time() + params.latency_slo_ms / 1000  # the SLO counts from here
-        params = replace(
-            params,
-            height=params.height or height,
-            width=params.width or width,
-            seed=params.seed if params.seed is not None else random.randrange(2**63),
-            deadline=deadline,
-        )
-        for name in ("height", "width"):
-            if getattr(params, name) % multiple:
-                raise ValueError(
-                    f"{name}: must be a multiple of {multiple}, got {getattr(params, name)}"
-                )
-        return params
+    def takes_params(self, params: Any) -> bool:
+        """Whether one parameter object given for a whole request is this stage's."""
+        return isinstance(params, self.kind.params_type)
 
-    def _validate_code2wav(self, params: Any) -> Code2WavParams:
-        if params is None:
-            params = Code2WavParams()
-        if not isinstance(params, Code2WavParams):
-            raise ValueError(
-                f"sampling_params.{self.name}: a code2wav stage takes Code2WavParams, "
-                f"got {type(params).__name__}"
-            )
-        voices = self.info["voices"]
-        if params.voice not in voices:
-            raise ValueError(f"voice: unknown voice {params.voice!r}; known: {voices}")
-        if params.seed is None:
-            params = replace(params, seed=random.randrange(2**63))
-        return params
+    def validate(self, params: Any, inputs: dict[str, Any] | None = None) -> Any:
+        """The request's parameters with its options (`inputs`: the prompt mapping) applied and
+        what it left open filled in; raises ValueError naming the field."""
+        if inputs:
+            params = self.kind.apply_options(params, inputs)
+        return self.kind.validate(params, self.name, self.config.scheduler, self.info)
+
+    def prompt_inputs(self, params: Any) -> dict[str, Any]:
+        return self.kind.prompt_inputs(params)
 
     async def run(
         self, request_id: str, inputs: dict[str, Any], params, emit=None
     ) -> dict[str, Any]:
-        """`emit`, if given, hears partial outputs (audio chunks of a streaming code2wav)."""
+        """`emit`, if given, hears partial outputs (of an executor that streams its input)."""
         if "upstream" in inputs:
-            from vllm_omni.engine.code2wav_stream import stream_code2wav
-
-            out = await stream_code2wav(self, request_id, inputs["upstream"], params, emit)
-            self.num_finished += 1
-            return out
-        result = await self.submit(request_id, inputs, params)
+            out = await self.kind.stream(self, request_id, inputs["upstream"], params, emit)
+        else:
+            out = self.kind.outputs(await self.submit(request_id, inputs, params), self.info)
         self.num_finished += 1
-        if self.is_code2wav:
-            return {"audio": as_tensor(result), "sample_rate": self.info["sample_rate"]}
-        if isinstance(result, np.ndarray) and result.dtype != np.uint8:
-            return {"latents": as_tensor(result)}
-        return {"image": result}
+        return out
 
     async def submit(self, request_id: str, inputs: dict[str, Any], params) -> Any:
         """One request through the stage process; its raw result."""

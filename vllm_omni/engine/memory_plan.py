@@ -193,9 +193,10 @@ def dit_activation_bytes(modules: list, batch: int, dtype: torch.dtype) -> int:
 def sizing_engine_args(stage: StageConfig) -> dict[str, Any]:
     """The engine arguments of an AR stage that size its memory: the stage's own over a prompt
     encoder's defaults (it runs as a pooling model, with a context of its own)."""
-    from vllm_omni.engine.stage_processors import PROCESSORS, PromptEncoder
+    from vllm_omni.engine.stage_processor import PromptEncoder
+    from vllm_omni.models.registry import processors
 
-    processor = PROCESSORS.get(stage.processor) if stage.processor else None
+    processor = processors()[stage.processor](stage) if stage.processor else None
     defaults = processor.engine_defaults() if isinstance(processor, PromptEncoder) else {}
     return {**defaults, **stage.engine_args}
 

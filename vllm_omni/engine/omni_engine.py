@@ -18,13 +18,12 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.plugins import load_general_plugins
 
 from vllm_omni.config.stage_config import StageGraph
-from vllm_omni.diffusion.params import Code2WavParams, DiffusionSamplingParams
 from vllm_omni.engine.ar_stage import ARStage
 from vllm_omni.engine.dit_stage import DiTStage
 from vllm_omni.engine.ray_ar_stage import make_ar_stage
@@ -36,8 +35,9 @@ from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, Stag
 logger = init_logger(__name__)
 
 PROMPT_FIELDS = ("prompt", "negative_prompt", "messages")
-REQUEST_OPTIONS = ("voice", "modalities", "stream")
-"""Request-level options every stage sees among its inputs (the talker needs the voice)."""
+REQUEST_FIELDS = ("modalities", "stream")
+"""Request-level options of every graph; stages declare more (`request_options`). Every stage
+sees the request's options among its inputs."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,6 @@ class OmniEngine:
         self._requests: dict[str, asyncio.Task] = {}
         self.output_processor = MultimodalOutputProcessor()
         self.counters = {"finished": 0, "failed": 0, "aborted": 0}
-        self.started_at = 0.0
         # Hear (stage name, StageTiming) each time a stage finishes a request.
         self.timing_listeners: list[Callable[[str, StageTiming], None]] = []
 
@@ -97,29 +96,55 @@ class OmniEngine:
         except BaseException:
             self.shutdown()
             raise
-        self.started_at = time.monotonic()
 
     # ------------------------------------------------------------------ requests
+    @property
+    def request_options(self) -> tuple[str, ...]:
+        """Fields a prompt mapping may carry besides the prompt: `modalities`, `stream`, and the
+        options the graph's stages read (e.g. a speaking stage's voice)."""
+        declared = [o for stage in self.stages.values() for o in stage.request_options]
+        return REQUEST_FIELDS + tuple(o for o in dict.fromkeys(declared) if o not in PROMPT_FIELDS)
+
     def prepare(
         self, prompt: str | Mapping[str, Any], sampling_params: Any = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Validate a request; returns (prompt inputs, parameters per stage it runs).
 
-        A prompt mapping may also carry request options: `voice` (speech stages),
-        `modalities` (a subset of the graph's outputs; default all of them) and `stream` (True:
-        stages marked `stream_input` start with their source and emit partial outputs; what
-        AsyncOmniLLM.stream and streamed HTTP replies ask for)."""
+        A prompt mapping may also carry request options (`request_options`): `modalities` (a
+        subset of the graph's outputs; default all of them), `stream` (True: stages marked
+        `stream_input` start with their source and emit partial outputs; what
+        AsyncOmniLLM.stream and streamed HTTP replies ask for) and the stages' own."""
+        inputs = self._prompt_inputs(prompt)
+        inputs["modalities"] = self._modalities(inputs.get("modalities"))
+        runs = self.graph.stages_for(inputs["modalities"])
+        self._check_options_used(inputs, runs)
+        given = self._params_by_stage(sampling_params)
+        params: dict[str, Any] = {}
+        shared: dict[type, Any] = {}  # process stages given nothing share the first one's
+        for name in runs:
+            stage, p = self.stages[name], given.get(name)
+            if isinstance(stage, DiTStage) and p is None and stage.kind.params_type in shared:
+                params[name] = shared[stage.kind.params_type]
+                continue
+            params[name] = stage.validate(p, inputs)
+            if isinstance(stage, DiTStage):
+                shared.setdefault(stage.kind.params_type, params[name])
+            inputs.update(stage.prompt_inputs(params[name]))
+        return inputs, params
+
+    def _prompt_inputs(self, prompt: str | Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(prompt, str):
             inputs: dict[str, Any] = {"prompt": prompt}
         elif isinstance(prompt, Mapping):
-            known = PROMPT_FIELDS + REQUEST_OPTIONS
+            known = PROMPT_FIELDS + self.request_options
             unknown = sorted(set(prompt) - set(known))
             if unknown:
                 raise ValueError(f"prompt.{unknown[0]}: unknown field; known: {list(known)}")
             inputs = dict(prompt)
         else:
             raise ValueError(f"prompt: must be a string or a mapping, got {type(prompt).__name__}")
-        for name in ("prompt", "negative_prompt", "voice"):
+        text_fields = ("prompt", "negative_prompt", *self.request_options[len(REQUEST_FIELDS) :])
+        for name in text_fields:
             value = inputs.get(name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: must be a string, got {type(value).__name__}")
@@ -129,38 +154,19 @@ class OmniEngine:
             self._check_messages(inputs)
         elif not (inputs.get("prompt") or "").strip():
             raise ValueError("prompt: must not be empty")
-        inputs["modalities"] = self._modalities(inputs.get("modalities"))
-        runs = self.graph.stages_for(inputs["modalities"])
-        given = self._params_by_stage(sampling_params)
-        params: dict[str, Any] = {}
-        shared = None  # image stages given nothing share the first one's parameters
-        for name in runs:
-            stage, p = self.stages[name], given.get(name)
-            if isinstance(stage, DiTStage) and stage.is_code2wav:
-                if inputs.get("voice") is not None:
-                    p = replace(p or Code2WavParams(), voice=inputs["voice"])
-                params[name] = stage.validate(p)
+        return inputs
+
+    def _check_options_used(self, inputs: dict[str, Any], runs: list[str]) -> None:
+        """A stage option given to a request that runs no stage reading it is a mistake (a
+        voice for a text-only reply), not something to ignore."""
+        for option in self.request_options[len(REQUEST_FIELDS) :]:
+            if inputs.get(option) is None:
                 continue
-            if isinstance(stage, DiTStage):
-                if p is None and shared is not None:
-                    params[name] = shared
-                    continue
-                if inputs.get("negative_prompt") is not None:
-                    p = replace(
-                        p or DiffusionSamplingParams(), negative_prompt=inputs["negative_prompt"]
-                    )
-            params[name] = stage.validate(p)
-            if isinstance(stage, DiTStage):
-                shared = shared or params[name]
-                if params[name].do_cfg:
-                    inputs["negative_prompt"] = params[name].negative_prompt
-            elif inputs.get("voice") is not None and hasattr(stage.processor, "voice"):
-                stage.processor.voice(inputs["voice"])  # an unknown voice fails here, by name
-        if inputs.get("voice") is not None and not any(
-            isinstance(self.stages[n], DiTStage) and self.stages[n].is_code2wav for n in runs
-        ):
-            raise ValueError("voice: this request produces no speech (no audio stage runs)")
-        return inputs, params
+            if not any(option in self.stages[name].request_options for name in runs):
+                raise ValueError(
+                    f"{option}: no stage of this request takes it (it asks for "
+                    f"{list(inputs['modalities'])})"
+                )
 
     def _check_messages(self, inputs: dict[str, Any]) -> None:
         """Chat messages go to a first stage that renders them with vLLM's chat template and
@@ -174,7 +180,7 @@ class OmniEngine:
             if not isinstance(message, Mapping) or "role" not in message:
                 raise ValueError(f"messages[{i}]: must be a mapping with a 'role'")
         first = [self.stages[s.name] for s in self.graph.stages if not s.sources]
-        if not all(getattr(getattr(s, "processor", None), "takes_messages", False) for s in first):
+        if not all(stage.takes_messages for stage in first):
             raise ValueError("messages: this model takes a text prompt, not chat messages")
 
     def _modalities(self, requested: Any) -> tuple[str, ...]:
@@ -207,14 +213,9 @@ class OmniEngine:
             )
 
         # One object: it goes to every stage of the kind it configures.
-        def takes(stage) -> bool:
-            if isinstance(sampling_params, Code2WavParams):
-                return isinstance(stage, DiTStage) and stage.is_code2wav
-            if isinstance(sampling_params, DiffusionSamplingParams):
-                return isinstance(stage, DiTStage) and not stage.is_code2wav
-            return isinstance(stage, ARStage) and stage.takes_user_params
-
-        targets = [name for name, stage in self.stages.items() if takes(stage)]
+        targets = [
+            name for name, stage in self.stages.items() if stage.takes_params(sampling_params)
+        ]
         if not targets:
             raise ValueError(f"sampling_params: no stage takes {type(sampling_params).__name__}")
         return {name: sampling_params for name in targets}
@@ -256,13 +257,13 @@ class OmniEngine:
         async def run_stage(stage_name: str) -> dict[str, Any]:
             config = self.graph[stage_name]
             if stage_name in upstreams:  # starts with its source, reads it as it goes
-                stage_inputs = {k: inputs[k] for k in REQUEST_OPTIONS if k in inputs}
+                stage_inputs = {k: inputs[k] for k in self.request_options if k in inputs}
                 stage_inputs["upstream"] = upstreams[stage_name]
             elif config.sources:
                 done = dict(
                     zip(config.sources, await asyncio.gather(*(tasks[s] for s in config.sources)))
                 )
-                stage_inputs = {k: inputs[k] for k in REQUEST_OPTIONS if k in inputs}
+                stage_inputs = {k: inputs[k] for k in self.request_options if k in inputs}
                 for key, source in config.inputs.items():
                     src, tensor = source.split(".")
                     if tensor in done[src]:  # optional edges (e.g. no negative prompt)
@@ -311,8 +312,9 @@ class OmniEngine:
                 task.cancel()
             self._requests.pop(request_id, None)
         self.counters["finished"] += 1
-        seeded = (DiffusionSamplingParams, Code2WavParams)
-        seed = next((p.seed for p in params.values() if isinstance(p, seeded)), None)
+        seed = next(  # the first process stage's: the seed that reproduces the output
+            (p.seed for n, p in params.items() if isinstance(self.stages[n], DiTStage)), None
+        )
         return self.output_processor.process(
             request_id,
             inputs.get("prompt"),
@@ -334,10 +336,6 @@ class OmniEngine:
     def dead_stages(self) -> list[str]:
         """Stages whose engine or process is gone (the server's /health reports them)."""
         return [name for name, stage in self.stages.items() if not stage.is_alive]
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._requests)
 
     async def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": {**self.counters, "running": len(self._requests)}}

@@ -13,15 +13,16 @@ frees its KV blocks and DiT cache entry.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.config.stage_config import StageGraph
+from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.engine.omni_engine import OmniEngine, StageDelta, StageEvent
-from vllm_omni.outputs import OmniRequestOutput
+from vllm_omni.outputs import OmniRequestOutput, StageTiming
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,17 @@ class AsyncOmniLLM:
     ) -> OmniRequestOutput:
         return await self.engine.generate(prompt, sampling_params, request_id)
 
+    async def run_prepared(
+        self,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        request_id: str | None = None,
+        on_event: Callable[[StageEvent | StageDelta], None] | None = None,
+    ) -> OmniRequestOutput:
+        """Run what `prepare` returned; `on_event` hears each stage start and finish and each
+        partial output (as `stream` yields them)."""
+        return await self.engine.run_prepared(inputs, params, request_id, on_event)
+
     async def stream(
         self,
         prompt: str | Mapping[str, str],
@@ -97,6 +109,30 @@ class AsyncOmniLLM:
 
     async def abort(self, request_id: str) -> bool:
         return self.engine.abort(request_id)
+
+    def stage_info(self) -> dict[str, StageInfo]:
+        """What each process stage reported when it came up (image sizes, sample rates, ...)."""
+        return {
+            name: stage.info
+            for name, stage in self.engine.stages.items()
+            if stage.engine_type == "DiT"
+        }
+
+    def dead_stages(self) -> list[str]:
+        """Stages whose engine or process is gone."""
+        return self.engine.dead_stages()
+
+    def observe(
+        self,
+        on_stage_done: Callable[[str, StageTiming], None],
+        on_step: Callable[[str, float], None],
+    ) -> None:
+        """Hear (stage, timing) each time a stage finishes a request, and (stage, seconds) for
+        each engine step of a process stage (the server's metrics)."""
+        self.engine.timing_listeners.append(on_stage_done)
+        for name, stage in self.engine.stages.items():
+            if stage.engine_type == "DiT":
+                stage.step_listeners.append(lambda seconds, name=name: on_step(name, seconds))
 
     async def stats(self) -> dict[str, Any]:
         return await self.engine.stats()

@@ -30,13 +30,13 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from multiprocessing import resource_tracker
 from typing import Any
 
 import ray
 from vllm.v1.executor.ray_executor_v2 import RayExecutorV2, RayWorkerProc
 
-from vllm_omni._patches import cpu_ray_globals
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -73,6 +73,22 @@ def join_or_start_ray(runtime_env=None, cpu_slots: int = 1, num_cpus: float | No
     if handler is not None:
         signal.signal(signal.SIGTERM, handler)
     return started
+
+
+@contextlib.contextmanager
+def cpu_ray_globals(resource: str, worker_proc: type) -> Iterator[None]:
+    """`vllm_omni._patches` patch 5: the Ray device key and worker actor class RayExecutorV2
+    reads, for CPU; restored on exit. Here rather than in `_patches`, which is above this module
+    (it switches the platform to this executor: patch 2)."""
+    from vllm.platforms import current_platform
+    from vllm.v1.executor import ray_executor_v2
+
+    saved = current_platform.ray_device_key, ray_executor_v2.RayWorkerProc
+    current_platform.ray_device_key, ray_executor_v2.RayWorkerProc = resource, worker_proc
+    try:
+        yield
+    finally:
+        current_platform.ray_device_key, ray_executor_v2.RayWorkerProc = saved
 
 
 def _unlink_attached(memory) -> None:

@@ -3,14 +3,18 @@
 
 A family says how a model is recognised (a diffusers pipeline class in `model_index.json`, or a
 transformers model type in `config.json`), its built-in stage graph, the files beyond a
-checkpoint's usual ones that the graph loads, and how its checkpoint splits into stages. The
-engine, the diffusion loop and the server name no model; they ask the registry.
+checkpoint's usual ones that the graph loads, and how its checkpoint splits into stages; and it
+brings what its stages run, by registered name: AR-stage processors (`processor:`), process-stage
+executors (`executor:`), worker hooks, vLLM model classes, the HTTP routes of its outputs, and
+the fingerprints of the library internals it relies on. The engine, the stage loop and the
+server name no model; they ask the registry.
 
     from vllm_omni.models.registry import detect_family
     detect_family(folder).graph()        # the built-in stage graph, as a dict
 
-Families are imported on first use (`families()`), so importing the registry costs nothing.
-Adding one is a new folder with a `FAMILY` and its name in `FAMILY_PACKAGES`.
+Families are imported on first use (`families()`), so importing the registry costs nothing (it
+imports no other module of the package). Adding one is a new folder with a `FAMILY` and its name
+in `FAMILY_PACKAGES` (docs/adding_a_model.md).
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_omni.diffusion.executor_kind import ExecutorKind
 
 FAMILY_PACKAGES = ("qwen_image", "qwen2_5_omni", "plain_lm")
 """Folders under vllm_omni/models/ that hold a family (each exports `FAMILY`)."""
@@ -47,6 +54,22 @@ class ModelFamily:
     checkpoint's config that configures it). Used by the memory plan."""
     repos: tuple[str, ...] = ()
     """Hugging Face repos of the released checkpoints (documentation)."""
+    processors: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
+    """AR-stage processors by registered name: StageConfig -> StageProcessor
+    (vllm_omni.engine.stage_processor)."""
+    executors: tuple[ExecutorKind, ...] = ()
+    """Process-stage executors (each registered under its `name`)."""
+    worker_hooks: Mapping[str, Callable[[], type]] = field(default_factory=dict)
+    """vLLM worker hooks by registered name: () -> the hook class (vllm_omni.worker.hooks)."""
+    vllm_models: Mapping[str, str] = field(default_factory=dict)
+    """Architectures this family adds to vLLM: name -> "module:Class" (vLLM's lazy
+    ModelRegistry form: the module is imported only where an engine builds the model)."""
+    api: Callable[..., None] | None = None
+    """Adds the HTTP routes of this family's outputs to the omni server (None: the server's
+    routes for the graph's output modalities)."""
+    pinned: Callable[[], list] | None = None
+    """() -> the fingerprints (vllm_omni._patches.Pinned) of library internals this family's
+    code relies on; tests/test_patches.py checks them."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -65,6 +88,42 @@ def families() -> dict[str, ModelFamily]:
             raise ValueError(f"{package}: family name {family.name!r} is registered twice")
         found[family.name] = family
     return found
+
+
+def _by_name(what: str, entries: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, entry in entries:
+        if name in found:
+            raise ValueError(f"{what} {name!r} is registered by two families")
+        found[name] = entry
+    return found
+
+
+@functools.cache
+def processors() -> dict[str, Callable[[Any], Any]]:
+    """Every family's AR-stage processor factories, by registered name."""
+    return _by_name("processor", [e for f in families().values() for e in f.processors.items()])
+
+
+@functools.cache
+def executor_kinds() -> dict[str, ExecutorKind]:
+    """Every family's process-stage executors, by registered name."""
+    return _by_name("executor", [(k.name, k) for f in families().values() for k in f.executors])
+
+
+def executor_kind(name: str) -> ExecutorKind:
+    try:
+        return executor_kinds()[name]
+    except KeyError:
+        raise ValueError(
+            f"executor: unknown process-stage executor {name!r}; known: {sorted(executor_kinds())}"
+        ) from None
+
+
+@functools.cache
+def worker_hooks() -> dict[str, Callable[[], type]]:
+    """Every family's worker hooks, by registered name."""
+    return _by_name("worker hook", [e for f in families().values() for e in f.worker_hooks.items()])
 
 
 def get_family(name: str) -> ModelFamily:

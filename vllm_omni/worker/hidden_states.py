@@ -53,6 +53,19 @@ def scheduled_spans(scheduler_output: SchedulerOutput) -> dict[str, tuple[int, i
     return spans
 
 
+def placeholder_ids(config) -> list[int]:
+    """Token ids of multimodal placeholders, from the model's config or, for a model served from
+    a composite checkpoint, the sub-config that has them."""
+    from transformers import PretrainedConfig
+
+    configs = [config] + [v for v in vars(config).values() if isinstance(v, PretrainedConfig)]
+    for candidate in configs:
+        found = [getattr(candidate, f, None) for f in PLACEHOLDER_FIELDS]
+        if any(i is not None for i in found):
+            return [i for i in found if i is not None]
+    return []
+
+
 class HiddenStatesWorkerMixin:
     def _install_capture(self) -> None:
         runner = self.model_runner
@@ -60,15 +73,8 @@ class HiddenStatesWorkerMixin:
         self._pending: dict[str, list[torch.Tensor]] = {}  # rows not yet sent, per request
         self._next_position: dict[str, int] = {}  # first position not yet captured
         self._spans: dict[str, tuple[int, int]] = {}
-        config = runner.model_config.hf_config
-        config = getattr(config, "thinker_config", config)
         self._placeholders = torch.tensor(
-            [
-                getattr(config, f)
-                for f in PLACEHOLDER_FIELDS
-                if getattr(config, f, None) is not None
-            ],
-            device=runner.device,
+            placeholder_ids(runner.model_config.hf_config), device=runner.device
         )
 
         def capturing_forward(*args, **kwargs):

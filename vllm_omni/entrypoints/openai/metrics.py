@@ -93,6 +93,9 @@ class OmniMetrics:
             registry=r,
         )
 
+    def observe_step(self, stage: str, seconds: float) -> None:
+        self.step_seconds.labels(stage).observe(seconds)
+
     def observe_stage(self, stage: str, timing: StageTiming) -> None:
         self.stage_seconds.labels(stage, "queued").observe(timing.start - timing.queued)
         self.stage_seconds.labels(stage, "running").observe(timing.end - timing.start)

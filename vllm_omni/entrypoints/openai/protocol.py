@@ -93,7 +93,7 @@ class ImageOptions(StrictBody):
     size: str | None = Field(
         None,
         description="WIDTHxHEIGHT in pixels, e.g. '512x512' (default: the model's). Width and "
-        "height must be multiples of `x-size-multiple` (16 for Qwen-Image), and width * height "
+        "height must be multiples of `x-size-multiple` (the model's), and width * height "
         "at most `x-max-pixels` (the server's --max-image-pixels).",
         json_schema_extra=_on_string(pattern=SIZE_PATTERN),
     )

@@ -2,7 +2,27 @@
 """Qwen2.5-Omni: thinker (text) -> talker (speech codes) -> code2wav (waveform)."""
 
 from vllm_omni.models.qwen2_5_omni.graph import stage_graph
+from vllm_omni.models.qwen2_5_omni.kinds import Code2WavKind
 from vllm_omni.models.registry import ModelFamily
+
+
+def _thinker(config):
+    from vllm_omni.models.qwen2_5_omni.thinker import ThinkerGenerator
+
+    return ThinkerGenerator()
+
+
+def _talker(config):
+    from vllm_omni.models.qwen2_5_omni.talker import TalkerGenerator
+
+    return TalkerGenerator.for_stage(config)
+
+
+def _speech_chat(app, server) -> None:
+    from vllm_omni.models.qwen2_5_omni.speech_chat import add_routes
+
+    add_routes(app, server)
+
 
 FAMILY = ModelFamily(
     name="qwen2_5_omni",
@@ -15,4 +35,12 @@ FAMILY = ModelFamily(
         "code2wav": ("Qwen2_5OmniToken2WavModel", "token2wav_config"),
     },
     repos=("Qwen/Qwen2.5-Omni-7B", "Qwen/Qwen2.5-Omni-3B"),
+    processors={"qwen25_omni_thinker": _thinker, "qwen25_omni_talker": _talker},
+    executors=(Code2WavKind(),),
+    vllm_models={
+        "Qwen2_5OmniTalkerForCodec": (
+            "vllm_omni.models.qwen2_5_omni.talker_model:Qwen25OmniTalkerForCodec"
+        )
+    },
+    api=_speech_chat,
 )

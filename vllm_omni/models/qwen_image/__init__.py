@@ -2,11 +2,23 @@
 """Qwen-Image (diffusers `QwenImagePipeline`): a Qwen2.5-VL text encoder on vLLM -> the DiT."""
 
 from vllm_omni.models.qwen_image.graph import stage_graph
+from vllm_omni.models.qwen_image.kinds import QwenImageDiT, QwenImageVAEDecoder
+from vllm_omni.models.qwen_image.prompt import prompt_encoder
 from vllm_omni.models.registry import ModelFamily
+
+
+def _pinned() -> list:
+    from vllm_omni.models.qwen_image.vae_fast_path import pinned
+
+    return pinned()
+
 
 FAMILY = ModelFamily(
     name="qwen_image",
     graph=stage_graph,
     pipeline_classes=("QwenImagePipeline",),
     repos=("Qwen/Qwen-Image",),
+    processors={"qwen_image_prompt": prompt_encoder},
+    executors=(QwenImageDiT(), QwenImageVAEDecoder()),
+    pinned=_pinned,
 )

@@ -19,15 +19,10 @@ import numpy as np
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
-from vllm_omni.diffusion.latent_decoder import LatentDecoder
 from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.diffusion.residual_cache import (
-    POLICY,
-    FirstBlockCachedForward,
-    ResidualCacheConfig,
-    RowGroup,
-    supports,
-)
+from vllm_omni.diffusion.residual_cache import POLICY, ResidualCacheConfig, RowGroup
+from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
+from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
 
 PROMPT_EMBEDS = "prompt_embeds"
 NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"

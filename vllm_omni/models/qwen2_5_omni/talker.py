@@ -1,104 +1,31 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Qwen2.5-Omni's AR stages: what the thinker and talker engines are fed and what they pass on.
+"""Qwen2.5-Omni's talker stage (processor `qwen25_omni_talker`): speech-codec tokens from the
+thinker's hidden states.
 
-`ThinkerGenerator` (processor `qwen25_omni_thinker`): the thinker generates text on vLLM's own
-Qwen2.5-Omni thinker model; its worker (`vllm_omni.worker.hidden_states`) returns every token's
-last hidden state and input embedding with the output, so the thinker hands on, besides its
-text, `thinker_states` [prompt + reply - 1 tokens, 2 x hidden] ([hidden | embedding]).
-
-`TalkerGenerator` (processor `qwen25_omni_talker`): builds the talker's input exactly as
-transformers' `Qwen2_5OmniForConditionalGeneration.generate` does (`talker_input`) and runs it
-on the project's talker model (`vllm_omni.models.qwen25_omni_talker`); passes on
-`codec_tokens`, cut at the first end token.
+Builds the talker's input exactly as transformers' `Qwen2_5OmniForConditionalGeneration.generate`
+does (`talker_input`) and runs it on the project's talker model
+(vllm_omni.models.qwen2_5_omni.talker_model, conditioned per token by the `talker_conditioning`
+worker hook); passes on `codec_tokens`, cut at the first end token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vllm_omni.logger import init_logger
-
-logger = init_logger(__name__)
+from vllm_omni.engine.stage_processor import Generator
 
 DEFAULT_VOICE = "Chelsie"
 TALKER_MAX_TOKENS = 4096
 # transformers' talker sampling defaults (Qwen2_5OmniForConditionalGeneration.generate).
 TALKER_SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
-
-
-@dataclass(frozen=True)
-class ThinkerGenerator:
-    takes_user_params = True
-    takes_messages = True
-    wants_hidden_states = True
-
-    def for_stage(self, config) -> ThinkerGenerator:
-        return self
-
-    def engine_defaults(self) -> dict[str, Any]:
-        from vllm_omni.worker.hidden_states import worker_cls_for_platform
-
-        return {
-            "worker_cls": worker_cls_for_platform(),
-            # Cached prompt positions are never computed, so their rows would be missing.
-            "enable_prefix_caching": False,
-            "async_scheduling": False,
-        }
-
-    async def run(
-        self, stage, request_id: str, inputs: dict[str, Any], params, emit=None
-    ) -> dict[str, Any]:
-        prompt = inputs.get("prompt")
-        if inputs.get("messages") is not None:
-            prompt = await render_chat(stage.engine, inputs["messages"])
-        final, sent, rows = None, 0, []
-        try:
-            async for out in stage.engine.generate(prompt, params, request_id):
-                final = out
-                delta: dict[str, Any] = {}
-                text = out.outputs[0].text
-                if len(text) > sent:
-                    delta["text"], sent = text[sent:], len(text)
-                new_rows = stage.hidden_states.take(request_id)
-                if new_rows is not None:  # what the talker can speak from, so far
-                    if not rows:  # the prompt's length travels once, with the first rows
-                        delta["prompt_token_ids"] = list(out.prompt_token_ids)
-                    rows.append(new_rows)
-                    delta["thinker_states"] = new_rows
-                if emit is not None and delta:
-                    emit(delta)
-        finally:
-            last = stage.hidden_states.take(request_id)
-        rows += [last] if last is not None else []
-        states = torch.cat(rows) if rows else None
-        completion = final.outputs[0]
-        return {
-            "text": completion.text,
-            "token_ids": list(completion.token_ids),
-            "prompt_token_ids": list(final.prompt_token_ids),
-            "finish_reason": completion.finish_reason,
-            "thinker_states": states,
-        }
-
-
-async def render_chat(engine, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """vLLM's own chat rendering: the model's chat template, and images/audio parsed as vLLM's
-    chat API parses them. Malformed messages raise ValueError naming `messages`."""
-    from vllm.renderers.params import ChatParams
-
-    params = ChatParams(chat_template_kwargs={"add_generation_prompt": True})
-    try:
-        _, prompt = await engine.renderer.render_messages_async(messages, params)
-    except Exception as e:  # vLLM raises several kinds for bad content; all are the client's
-        raise ValueError(f"messages: {e}") from None
-    return prompt
 
 
 @dataclass(frozen=True)
@@ -198,8 +125,8 @@ def speakable_codes(rows: torch.Tensor, num_prompt: int, finished: bool) -> floa
     return float("inf") if finished else rows.shape[0] - num_prompt - 1
 
 
-@dataclass(frozen=True)
-class TalkerGenerator:
+@dataclass
+class TalkerGenerator(Generator):
     """Speaks while the thinker writes: with `stream_input` the talker generates in segments,
     each a vLLM request that continues the previous one (its prompt is the codes so far, found
     in the prefix cache under the request's own `cache_salt`), as far as the thinker's newest
@@ -211,16 +138,23 @@ class TalkerGenerator:
     Same seed, same codes, streamed or not."""
 
     takes_user_params = False
-    wants_hidden_states = False
-    specials: TalkerSpecials | None = field(default=None, compare=False)
+    request_options = ("voice",)
+    model: str
+    """The Qwen2.5-Omni folder: its special tokens, voices and thinker embeddings are read on
+    first use (so that building the processor reads no weights: the memory plan does)."""
     min_segment: int = 16  # codes: fewer and a segment's prefill would cost more than it speaks
 
-    def for_stage(self, config) -> TalkerGenerator:
-        return TalkerGenerator(TalkerSpecials.load(config.model))
+    @classmethod
+    def for_stage(cls, config) -> TalkerGenerator:
+        return cls(config.model)
+
+    @functools.cached_property
+    def specials(self) -> TalkerSpecials:
+        return TalkerSpecials.load(self.model)
 
     def engine_defaults(self) -> dict[str, Any]:
-        from vllm_omni.models.qwen25_omni_talker import talker_hf_overrides
-        from vllm_omni.worker.talker import worker_cls_for_platform
+        from vllm_omni.models.qwen2_5_omni.talker_model import talker_hf_overrides
+        from vllm_omni.models.qwen2_5_omni.talker_worker import worker_cls_for_platform
 
         return {
             "worker_cls": worker_cls_for_platform(),
@@ -228,13 +162,16 @@ class TalkerGenerator:
             "skip_tokenizer_init": True,
             "generation_config": "vllm",
             "async_scheduling": False,
-            "enforce_eager": True,  # conditioning is set per step (see vllm_omni.worker.talker)
+            "enforce_eager": True,  # conditioning is set per step (see .talker_worker)
         }
 
     def default_params(self):
         from vllm import SamplingParams
 
         return SamplingParams(max_tokens=TALKER_MAX_TOKENS, **TALKER_SAMPLING)
+
+    def check_options(self, inputs) -> None:
+        self.voice(inputs.get("voice"))  # an unknown voice fails here, by name
 
     def voice(self, requested: str | None) -> str:
         voices = sorted(self.specials.voices)
@@ -305,7 +242,7 @@ class TalkerGenerator:
         generated."""
         from vllm import TokensPrompt
 
-        from vllm_omni.worker.talker import PAYLOAD_KEY, encode_payload
+        from vllm_omni.models.qwen2_5_omni.talker_worker import PAYLOAD_KEY, encode_payload
 
         s = self.specials
         params = params.clone()

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A tiny random-weight Qwen2.5-Omni (thinker, talker, token2wav) in the Hugging Face layout.
+"""A tiny random-weight Qwen2.5-Omni (thinker, talker, token2wav) in the Hugging Face layout,
+deterministic.
 
 `build_qwen25_omni(out)` writes a folder that both transformers
 (`Qwen2_5OmniForConditionalGeneration.from_pretrained`, which also needs `spk_dict.pt`) and vLLM
@@ -22,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_omni.models import tiny_tokenizer as tt
+from vllm_omni.models.tiny_common import LOGIT_GAIN, chat_generation_config, randomize_
 
 QWEN25_OMNI_SEED = 1004
 THINKER_HIDDEN = 128
@@ -177,8 +179,6 @@ def _processor(out: Path):
 def build_qwen25_omni(out: Path) -> None:
     import torch
     from transformers import Qwen2_5OmniForConditionalGeneration
-
-    from vllm_omni.models.tiny import LOGIT_GAIN, chat_generation_config, randomize_
 
     config = qwen25_omni_config()
     torch.manual_seed(QWEN25_OMNI_SEED)

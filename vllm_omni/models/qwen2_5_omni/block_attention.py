@@ -78,7 +78,8 @@ def use_block_band_attention(dit: torch.nn.Module) -> None:
     if not layers or not hasattr(dit, "_create_block_diff") or not hasattr(dit, "block_size"):
         raise RuntimeError(
             f"{type(dit).__name__}: transformers' token2wav DiT changed (no transformer_blocks, "
-            "_create_block_diff or block_size); vllm_omni.diffusion.block_attention needs updating"
+            "_create_block_diff or block_size); "
+            "vllm_omni.models.qwen2_5_omni.block_attention needs updating"
         )
     for layer in layers:
         layer.attn.block_band = (dit.block_size, layer.look_backward_block, layer.look_ahead_block)

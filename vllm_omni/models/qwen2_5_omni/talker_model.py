@@ -7,9 +7,11 @@ hands vLLM the talker's sub-config, and `load_weights` keeps only the `talker.*`
 
 Per position, transformers feeds the talker `thinker_to_talker_proj(codec_embedding(code) + c)`,
 where `c` comes from the thinker (its hidden state plus token embedding, a speaker or text-end
-embedding; see `vllm_omni.engine.qwen25_omni`), and only `c` for the thinker's prompt positions.
+embedding; see `vllm_omni.models.qwen2_5_omni.talker`), and only `c` for the thinker's prompt
+positions.
 That conditioning is per request and per position, which vLLM's inputs cannot express, so the
-talker worker (`vllm_omni.worker.talker`) sets it on the model before each forward:
+talker worker (`vllm_omni.models.qwen2_5_omni.talker_worker`) sets it on the model before each
+forward:
 `set_conditioning(rows, codec_scale)`, one row per scheduled token.
 
 The decoder is vLLM's Llama stack configured as Qwen2 (biased q/k/v, unbiased o) with the
@@ -19,7 +21,8 @@ vLLM's Qwen2 attention, deriving head_dim from hidden / heads, cannot load).
 Positions: transformers gives the talker 3-D M-RoPE positions, the thinker prompt's own rope index
 (image and video tokens get temporal/height/width positions; text and audio tokens the same value
 on all three), then one per token after it. The talker worker hands the forward those [3, tokens]
-positions (`vllm_omni.worker.talker.talker_positions`) and the decoder layers rotate with M-RoPE.
+positions (`vllm_omni.models.qwen2_5_omni.talker_worker.talker_positions`) and the decoder
+layers rotate with M-RoPE.
 vLLM itself is told nothing of M-RoPE (`mrope_section` moves out of `rope_parameters`): its runner
 would otherwise compute the positions from the request's own multimodal inputs, and a talker
 request has none.

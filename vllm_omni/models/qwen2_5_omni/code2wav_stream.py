@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from vllm_omni.diffusion.code2wav import (
+from vllm_omni.diffusion.executor_kind import as_tensor
+from vllm_omni.models.qwen2_5_omni.code2wav import (
     STREAM_CHUNK_CODES,
     STREAM_FIRST_CHUNK_CODES,
     STREAM_LEFT_CODES,
     STREAM_LOOKAHEAD_CODES,
 )
-from vllm_omni.engine.dit_stage import as_tensor
 
 
 def chunk_size(kept: int) -> int:
@@ -33,8 +33,8 @@ def chunk_size(kept: int) -> int:
 
 
 async def stream_code2wav(stage, request_id: str, upstream, params, emit) -> dict[str, Any]:
-    align = stage.info.get("window_align", 1)
-    rate = stage.info["sample_rate"]
+    align = stage.info.window_align
+    rate = stage.info.sample_rate
     codes: list[int] = []
     kept = 0  # codes whose audio is decided (submitted)
     jobs: list[asyncio.Task] = []

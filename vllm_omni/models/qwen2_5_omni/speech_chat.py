@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""POST /v1/chat/completions on a model that writes and speaks (Qwen2.5-Omni), in OpenAI's shapes.
+"""POST /v1/chat/completions on a model that writes and speaks (Qwen2.5-Omni), in OpenAI's shapes:
+the family's API adapter (`add_routes`).
 
     client.chat.completions.create(model=M, messages=[...], modalities=["text", "audio"],
                                    audio={"voice": "Chelsie", "format": "wav"})
@@ -31,9 +32,25 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vllm_omni.entrypoints.openai.protocol import StrictBody
+from vllm_omni.entrypoints.async_omni_llm import RequestFinished
+from vllm_omni.entrypoints.openai.protocol import StrictBody, error_body
+from vllm_omni.entrypoints.openai.server_utils import (
+    CLIENT_ERRORS,
+    ClientDisconnected,
+    OmniServer,
+    OutputQueue,
+    cancel_on_disconnect,
+    client_error,
+    is_client_error,
+    next_output,
+)
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
 
 OPENAI_AUDIO_FORMATS = ("wav", "aac", "mp3", "flac", "opus", "pcm16")
 AUDIO_FORMATS = ("wav", "pcm16")  # what this server encodes (no codec libraries needed)
@@ -134,7 +151,7 @@ class SpeechChatRequest(StrictBody):
         from vllm import SamplingParams
 
         from vllm_omni.diffusion.params import Code2WavParams
-        from vllm_omni.engine.qwen25_omni import TALKER_MAX_TOKENS, TALKER_SAMPLING
+        from vllm_omni.models.qwen2_5_omni.talker import TALKER_MAX_TOKENS, TALKER_SAMPLING
 
         kwargs: dict[str, Any] = {
             "max_tokens": self.max_completion_tokens or self.max_tokens,
@@ -211,8 +228,6 @@ async def stream_events(
 ) -> AsyncIterator[str]:
     """Server-sent events from the request's StageDelta / RequestFinished items (`first` was
     taken from the queue already, to refuse a request that fails before anything is sent)."""
-    from vllm_omni.entrypoints.async_omni_llm import RequestFinished
-
     created = int(time.time())
     audio_id = f"audio_{uuid.uuid4().hex}"
 
@@ -268,3 +283,69 @@ def audio_samples(data: bytes, fmt: str) -> np.ndarray:
         with wave.open(io.BytesIO(data)) as f:
             data = f.readframes(f.getnframes())
     return np.frombuffer(data, dtype="<i2")
+
+
+def add_routes(app: FastAPI, server: OmniServer) -> None:
+    """Chat completions for a graph whose outputs are text and audio."""
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: SpeechChatRequest, request: Request):
+        omni = server.omni
+        start = time.monotonic()
+        try:
+            inputs, params = omni.prepare(body.omni_prompt(), body.stage_params(omni.graph.names))
+        except CLIENT_ERRORS as e:  # vLLM's SamplingParams checks raise its own kind
+            server.metrics.requests.labels("chat", "rejected").inc()
+            return client_error(e)
+        request_id = uuid.uuid4().hex
+        events: asyncio.Queue = asyncio.Queue()
+        task = asyncio.create_task(
+            omni.run_prepared(inputs, params, request_id, on_event=events.put_nowait)
+        )
+
+        def done(t: asyncio.Task) -> None:
+            if t.cancelled():
+                return
+            error = t.exception()
+            events.put_nowait(error if error is not None else RequestFinished(t.result()))
+
+        task.add_done_callback(done)
+        # The first partial output (or the end) decides between a reply and a 400: messages
+        # that vLLM cannot render fail here, before any byte is sent.
+        first = await next_output(events)
+        if is_client_error(first):
+            server.metrics.requests.labels("chat", "rejected").inc()
+            return client_error(first)
+        if isinstance(first, Exception):
+            logger.error("chat request failed: %s", first)
+            server.metrics.requests.labels("chat", "failed").inc()
+            return JSONResponse(error_body(str(first), kind="internal_error", code=500), 500)
+        if body.stream:
+
+            async def sse():
+                try:
+                    async for line in stream_events(
+                        body, OutputQueue(events), first, server.model_name, request_id
+                    ):
+                        yield line
+                finally:
+                    task.cancel()
+                    server.metrics.latency.labels("chat").observe(time.monotonic() - start)
+
+            server.metrics.requests.labels("chat", "finished").inc()
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        try:
+            while not isinstance(first, RequestFinished | Exception):
+                first = await cancel_on_disconnect(request, next_output(events))
+        except ClientDisconnected:
+            task.cancel()
+            server.metrics.requests.labels("chat", "cancelled").inc()
+            return Response(status_code=499)
+        if isinstance(first, Exception):
+            server.metrics.requests.labels("chat", "failed").inc()
+            if is_client_error(first):
+                return client_error(first)
+            return JSONResponse(error_body(str(first), kind="internal_error", code=500), 500)
+        server.metrics.requests.labels("chat", "finished").inc()
+        server.metrics.latency.labels("chat").observe(time.monotonic() - start)
+        return completion(body, first.output, server.model_name)

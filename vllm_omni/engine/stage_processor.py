@@ -1,16 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stage processors: what an AR stage feeds its vLLM engine and what it passes downstream.
 
-Registered by name (`processor: qwen_image_prompt` in a stage config). A processor turns the
-request's inputs into vLLM prompts, names the engine settings it needs (e.g. a pooling runner
-or a worker class), and turns vLLM's per-request output into the stage's named outputs. The
-prompt encoder lives here; Qwen2.5-Omni's thinker and talker in `qwen25_omni`.
+Model families register them by name (a stage's `processor:`, vllm_omni.models.registry). Two
+kinds:
+
+- `PromptEncoder`: the engine runs a text encoder as a pooling model; the processor wraps the
+  prompts in the model's template and keeps the rows the next stage reads.
+- a `Generator` subclass: drives a generating engine itself (`run`), e.g. a stage that writes
+  text and hands on its hidden states, or one that turns them into speech codes.
+
+Without a processor an AR stage generates text from the prompt.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -63,23 +69,38 @@ class PromptEncoder:
         return hidden_states[self.drop_tokens :][: self.max_tokens]
 
 
-# Qwen-Image's prompt format (the model's, as its pipeline applies it).
-QWEN_IMAGE_TEMPLATE = (
-    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
-    "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
-    "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-)
+Emit = Callable[[dict[str, Any]], None]
 
 
-def _processors() -> dict[str, Any]:
-    from vllm_omni.engine.qwen25_omni import TalkerGenerator, ThinkerGenerator
+class Generator:
+    """A processor that drives a generating vLLM engine for its stage. Subclasses implement
+    `run`; the rest has defaults."""
 
-    return {
-        "qwen_image_prompt": PromptEncoder(QWEN_IMAGE_TEMPLATE, drop_tokens=34, max_tokens=512),
-        # Generating stages: `for_stage(config)` binds them to their stage; `run` drives the engine.
-        "qwen25_omni_thinker": ThinkerGenerator(),
-        "qwen25_omni_talker": TalkerGenerator(),
-    }
+    takes_user_params: ClassVar[bool] = True
+    """Whether one SamplingParams given for a whole request reaches this stage."""
+    takes_messages: ClassVar[bool] = False
+    """Whether, as a first stage, it renders chat messages (`messages` in the prompt)."""
+    hands_on_hidden_states: ClassVar[bool] = False
+    """Whether its engine's worker returns each token's hidden states (`stage.hidden_states`)."""
+    request_options: ClassVar[tuple[str, ...]] = ()
+    """Request-level options (fields of the prompt mapping) it reads from its inputs."""
+
+    def engine_defaults(self) -> dict[str, Any]:
+        """vLLM engine arguments the processor needs (a stage's `engine_args` override them)."""
+        return {}
+
+    def default_params(self) -> Any:
+        """The stage's parameters when a request gives none (None: vLLM's SamplingParams())."""
+        return None
+
+    def check_options(self, inputs: Mapping[str, Any]) -> None:
+        """Raise ValueError naming the field for a request option it cannot serve."""
+
+    async def run(
+        self, stage: Any, request_id: str, inputs: dict[str, Any], params: Any, emit: Emit | None
+    ) -> dict[str, Any]:
+        raise NotImplementedError
 
 
-PROCESSORS = _processors()
+StageProcessor = PromptEncoder | Generator
+"""What a stage's `processor:` names (vllm_omni.models.registry.processors())."""

@@ -2,8 +2,9 @@
 """The talker stage's vLLM worker: sets each step's per-token thinker conditioning on the model.
 
 A talker request carries its conditioning rows in `SamplingParams.extra_args[PAYLOAD_KEY]`
-(built by `vllm_omni.engine.qwen25_omni.TalkerInput`): row j conditions position j, the last
-row every later position (transformers repeats its last text-pad embedding the same way), and
+(built by `vllm_omni.models.qwen2_5_omni.talker.talker_input`): row j conditions position j,
+the last row every later position (transformers repeats its last text-pad embedding the same
+way), and
 positions before `codec_from` (the thinker's prompt) leave out the codec embedding. Before each
 forward the worker gathers the rows of the scheduled tokens in the runner's batch order and
 hands them to `Qwen25OmniTalkerForCodec.set_conditioning`.
@@ -11,7 +12,7 @@ hands them to `Qwen25OmniTalkerForCodec.set_conditioning`.
 The payload may also carry the thinker prompt's M-RoPE positions ([3, prompt]); the worker then
 replaces the runner's 1-D positions with `talker_positions` for every scheduled token, as
 transformers positions the talker (the model rotates with M-RoPE,
-`vllm_omni.models.qwen25_omni_talker`).
+`vllm_omni.models.qwen2_5_omni.talker_model`).
 
 Needs eager execution on CUDA (a captured graph would replay stale conditioning) and
 synchronous scheduling; the talker's stage processor sets both.

@@ -99,3 +99,27 @@ def _rms_norm(norm: torch.nn.Module, original, x: torch.Tensor) -> torch.Tensor:
     # F.normalize: x / max(||x||, eps), with the norm summed as squares (a fast reduction here).
     normalized = wide / wide.square().sum(dim, keepdim=True).sqrt().clamp_min(NORMALIZE_EPS)
     return normalized.to(x.dtype) * norm.scale * norm.gamma + norm.bias
+
+
+def pinned() -> list:
+    """The diffusers functions this module stands in for (tests/test_patches.py)."""
+    from diffusers.models.autoencoders import autoencoder_kl_qwenimage as qwen_vae
+
+    from vllm_omni._patches import Pinned
+
+    return [
+        Pinned(
+            qwen_vae.QwenImageCausalConv3d,
+            "forward",
+            "afffb99acd51",
+            "models.qwen_image.vae_fast_path stands in for it on one frame without a cache: "
+            "zero padding of `_padding` (F.pad order, time in front), then the plain Conv3d.",
+        ),
+        Pinned(
+            qwen_vae.QwenImageRMS_norm,
+            "forward",
+            "fc44101b6513",
+            "models.qwen_image.vae_fast_path stands in for it: F.normalize over the channels "
+            "(in float32 for 16-bit inputs), times `scale` and `gamma`, plus `bias`.",
+        ),
+    ]

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DiffusersPipelineExecutor: runs a diffusers pipeline in the DiT stage's own process.
+"""Qwen-Image's process-stage executors: the DiT (`diffusers`) and the VAE decoder (`vae_decoder`).
 
-No workers and no RPC: the pipeline is loaded here, and `execute_model` runs what the
-DiffusionScheduler scheduled - whole pipeline calls (`fifo` mode, diffusers' own loop, from
-prompt embeddings) or single denoising steps through the DiffusionModelRunner (`step` mode).
-The text encoder is not loaded: prompt embeddings arrive from the AR stage.
+No workers and no RPC: the pipeline is loaded in the stage's own process, and `execute_model`
+runs what the DiffusionScheduler scheduled - whole pipeline calls (`fifo` mode, diffusers' own
+loop, from prompt embeddings) or single denoising steps through the DiffusionModelRunner (`step`
+mode). The text encoder is not loaded: prompt embeddings arrive from the AR stage.
 """
 
 from __future__ import annotations
@@ -15,27 +15,21 @@ import numpy as np
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
-from vllm_omni.diffusion.code2wav import Code2WavExecutor
-from vllm_omni.diffusion.config import DiTConfig
-from vllm_omni.diffusion.latent_decoder import LatentDecoder
-from vllm_omni.diffusion.model_runner import (
+from vllm_omni.diffusion.config import DiTConfig, resolve_device
+from vllm_omni.diffusion.executor_kind import ImageStageInfo
+from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
+from vllm_omni.logger import init_logger
+from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
+from vllm_omni.models.qwen_image.model_runner import (
     NEGATIVE_PROMPT_EMBEDS,
     PROMPT_EMBEDS,
     DiffusionModelRunner,
     as_batch,
     pad_text,
 )
-from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
-from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def load_pipeline(config: DiTConfig, device: torch.device, *skip: str):
@@ -72,15 +66,25 @@ class DiffusersPipelineExecutor:
         )
 
     @property
-    def info(self) -> dict:
+    def info(self) -> ImageStageInfo:
         decoder = self.model_runner.decoder
-        return {"default_size": decoder.default_size, "size_multiple": decoder.size_multiple}
+        return ImageStageInfo(decoder.default_size, decoder.size_multiple)
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         return self.model_runner.estimate_bytes(request)
 
     def check_request(self, request: DiTRequest) -> None:
         self.model_runner.policy(request.params)  # raises if the request's cache cannot run
+
+    def stats(self) -> dict[str, int]:
+        cached = self.model_runner.cached_forward
+        if cached is None:
+            return {}
+        # Row-steps through every block / served by the residual cache.
+        return {
+            "residual_computed_rows": cached.num_computed_rows,
+            "residual_cached_rows": cached.num_cached_rows,
+        }
 
     def execute_model(
         self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]
@@ -144,14 +148,18 @@ class VAEDecoderExecutor:
         self.decoder = LatentDecoder(self.pipe)
 
     @property
-    def info(self) -> dict:
-        return {
-            "default_size": self.decoder.default_size,
-            "size_multiple": self.decoder.size_multiple,
-        }
+    def info(self) -> ImageStageInfo:
+        return ImageStageInfo(self.decoder.default_size, self.decoder.size_multiple)
+
+    def check_request(self, request: DiTRequest) -> None:
+        if "latents" not in request.inputs:
+            raise ValueError("inputs: the VAE decoder stage needs 'latents'")
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         return sum(t.numel() * t.element_size() for t in request.inputs.values())
+
+    def stats(self) -> dict[str, int]:
+        return {}
 
     def execute_model(
         self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]
@@ -162,9 +170,6 @@ class VAEDecoderExecutor:
         for group in scheduled.groups:
             start = time.perf_counter()
             batch = [requests[rid] for rid in group]
-            for r in batch:
-                if "latents" not in r.inputs:
-                    raise ValueError("inputs: the VAE decoder stage needs 'latents'")
             if batch[0].params.output_type == "latent":
                 out.finished.update({r.request_id: r.inputs["latents"] for r in batch})
             else:
@@ -174,10 +179,3 @@ class VAEDecoderExecutor:
                 out.finished.update({r.request_id: im for r, im in zip(batch, images)})
             out.step_seconds.append(time.perf_counter() - start)
         return out
-
-
-EXECUTORS = {
-    "diffusers": DiffusersPipelineExecutor,
-    "vae_decoder": VAEDecoderExecutor,
-    "code2wav": Code2WavExecutor,
-}

@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vllm_omni.diffusion.block_attention import use_block_band_attention
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
-from vllm_omni.diffusion.config import DiTConfig
-from vllm_omni.diffusion.params import Code2WavParams
+from vllm_omni.diffusion.config import DiTConfig, resolve_device
+from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.logger import init_logger
+from vllm_omni.models.qwen2_5_omni.block_attention import use_block_band_attention
+from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
 
 logger = init_logger(__name__)
 
@@ -54,6 +56,16 @@ STREAM_LOOKAHEAD_CODES = 36
 # The first chunk starts where the whole decode does, so it has no left context to miss: one
 # attention block is enough, and the first audio leaves after 12 + 36 codes instead of 72.
 STREAM_FIRST_CHUNK_CODES = 12
+
+
+@dataclass(frozen=True)
+class Code2WavInfo(StageInfo):
+    sample_rate: int
+    voices: tuple[str, ...]
+    samples_per_token: int
+    max_codec_tokens: int
+    window_align: int
+    """A window's `window_start` must be a multiple of it (the DiT's attention block, in codes)."""
 
 
 def load_token2wav(folder: str | Path, device: torch.device):
@@ -174,9 +186,6 @@ class Code2WavExecutor:
     """Whole requests only (`fifo` scheduling); see the module docstring."""
 
     def __init__(self, config: DiTConfig, cache: DiTCacheManager) -> None:
-        # Imported here: executor.py imports this module for its registry of executors.
-        from vllm_omni.diffusion.executor import resolve_device
-
         if config.dtype not in ("auto", "float32"):
             raise ValueError(
                 f"dtype: the code2wav executor runs in float32 (as transformers' token2wav "
@@ -223,14 +232,17 @@ class Code2WavExecutor:
         return self.repeats * self.hop
 
     @property
-    def info(self) -> dict:
-        return {
-            "sample_rate": SAMPLE_RATE,
-            "voices": sorted(self.voices),
-            "samples_per_token": self.samples_per_token,
-            "max_codec_tokens": self.max_codec_tokens,
-            "window_align": self.window_align,  # window_start must be a multiple of it
-        }
+    def info(self) -> Code2WavInfo:
+        return Code2WavInfo(
+            sample_rate=SAMPLE_RATE,
+            voices=tuple(sorted(self.voices)),
+            samples_per_token=self.samples_per_token,
+            max_codec_tokens=self.max_codec_tokens,
+            window_align=self.window_align,
+        )
+
+    def stats(self) -> dict[str, int]:
+        return {}
 
     def check_request(self, request: DiTRequest) -> None:
         """Reject at admission what would fail mid-step (and fail the step's other requests)."""

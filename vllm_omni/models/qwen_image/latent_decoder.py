@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_omni.diffusion.vae_fast_path import accelerate_vae
+from vllm_omni.models.qwen_image.vae_fast_path import accelerate_vae
 
 
 class LatentDecoder:

@@ -1,0 +1,178 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What runs in a process stage, and what the orchestrator must know about it.
+
+A process stage (`engine_type: DiT`) runs a loop of its own (vllm_omni.diffusion.engine_core):
+the DiffusionScheduler picks requests, a `StageExecutor` runs them. Model families bring their
+executors as an `ExecutorKind`, registered by name (a stage's `executor:`), which says both
+sides of it:
+
+- in the stage process: `build` the StageExecutor;
+- in the orchestrator: the parameters a request takes (`params_type`, `default_params`,
+  `validate`), the request options it reads (`request_options`, `apply_options`), how its raw
+  result becomes the stage's named outputs (`outputs`), and, for a stage that can start before
+  its source has finished (`stream_input`), how it consumes the source's stream (`stream`).
+
+The engine, the scheduler and the server call these methods and never ask which model runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+
+from vllm_omni.diffusion.params import DiffusionSamplingParams, validate_image_params
+
+if TYPE_CHECKING:
+    from vllm_omni.diffusion.cache_manager import DiTCacheManager
+    from vllm_omni.diffusion.config import DiTConfig
+    from vllm_omni.diffusion.request import DiTRequest
+    from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """What a stage process reports once it is up. Executors with more to say subclass it
+    (ImageStageInfo; a family's own)."""
+
+
+@dataclass(frozen=True)
+class ImageStageInfo(StageInfo):
+    """A stage that makes images: its default `(height, width)` and what sizes must divide by."""
+
+    default_size: tuple[int, int]
+    size_multiple: int
+
+
+class ProcessParams(Protocol):
+    """What the stage loop reads of a request's parameters, whatever the executor."""
+
+    seed: int | None
+
+    @property
+    def deadline(self) -> float | None: ...
+
+    @property
+    def total_steps(self) -> int:
+        """Engine steps the request takes in step mode (denoising steps)."""
+        ...
+
+    def step_key(self, inputs: Mapping[str, Any]) -> Hashable:
+        """Requests with equal keys share one model call in step mode."""
+        ...
+
+    def call_key(self, inputs: Mapping[str, Any]) -> Hashable:
+        """Requests with equal keys share one whole-request call (fifo mode)."""
+        ...
+
+
+class StageExecutor(Protocol):
+    """Runs what the DiffusionScheduler scheduled, in the stage process."""
+
+    @property
+    def info(self) -> StageInfo: ...
+
+    def check_request(self, request: DiTRequest) -> None:
+        """Raise ValueError naming the field for a request that would fail mid-step."""
+        ...
+
+    def estimate_bytes(self, request: DiTRequest) -> int: ...
+
+    def execute_model(
+        self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]
+    ) -> DiTRunnerOutput: ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the executor's own (merged into the stage's stats)."""
+        ...
+
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+class ExecutorKind:
+    """One registered process-stage executor. Subclasses set `name` and `params_type` and
+    implement `build`, `validate` and `outputs`; the rest has defaults."""
+
+    name: ClassVar[str]
+    params_type: ClassVar[type]
+    whole_requests: ClassVar[bool] = False
+    """Runs whole requests only: `fifo` is its default and only scheduler."""
+    residual_cache: ClassVar[bool] = False
+    """Supports first-block residual caching (`dit.residual_cache`, step scheduler)."""
+    request_options: ClassVar[tuple[str, ...]] = ()
+    """Request-level options (fields of the prompt mapping) that `apply_options` reads."""
+    cpu_defaults: ClassVar[Mapping[str, Any]] = {}
+    """DiTConfig fields set on a CPU where the stage's `dit:` leaves them unset."""
+    streams: ClassVar[bool] = False
+    """Whether `stream` is implemented (a `stream_input` stage needs it)."""
+
+    def build(self, config: DiTConfig, cache: DiTCacheManager, pipe: Any = None) -> StageExecutor:
+        """In the stage process. `pipe`: an already built pipeline, where the executor takes one."""
+        raise NotImplementedError
+
+    def default_params(self) -> Any:
+        return self.params_type()
+
+    def apply_options(self, params: Any, inputs: Mapping[str, Any]) -> Any:
+        """`params` with the request's options (the prompt mapping's fields) applied."""
+        return params
+
+    def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
+        """Fill in what the request left open (size, seed); raise ValueError naming the field."""
+        raise NotImplementedError
+
+    def prompt_inputs(self, params: Any) -> dict[str, Any]:
+        """Fields the validated parameters add to the request's prompt inputs (what the stages
+        before this one must encode, e.g. a negative prompt given in the parameters)."""
+        return {}
+
+    def outputs(self, result: Any, info: StageInfo) -> dict[str, Any]:
+        """The stage's named outputs from one request's raw result."""
+        raise NotImplementedError
+
+    async def stream(
+        self, stage: Any, request_id: str, upstream: Any, params: Any, emit: Emit | None
+    ) -> dict[str, Any]:
+        """Consume the source's stream (vllm_omni.engine.upstream), submitting work to `stage`
+        (its `submit(request_id, inputs, params)`) as it goes; emit partial outputs."""
+        raise NotImplementedError(f"executor {self.name!r} does not stream its input")
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over a stage's result (results cross the process boundary as numpy arrays); a
+    copy if the array is read-only (a Ray actor's result, mapped from the object store), which
+    torch would share without guarding it."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+class ImageKind(ExecutorKind):
+    """An executor that turns prompt embeddings into images (or latents), with
+    DiffusionSamplingParams. Families subclass it with their `name` and `build`."""
+
+    params_type = DiffusionSamplingParams
+    request_options = ("negative_prompt",)
+
+    def apply_options(self, params: Any, inputs: Mapping[str, Any]) -> Any:
+        negative = inputs.get("negative_prompt")
+        if negative is None:
+            return params
+        return replace(params or DiffusionSamplingParams(), negative_prompt=negative)
+
+    def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
+        assert isinstance(info, ImageStageInfo), info
+        return validate_image_params(
+            params, stage, scheduler, info.default_size, info.size_multiple
+        )
+
+    def prompt_inputs(self, params: Any) -> dict[str, Any]:
+        # Guidance needs the negative prompt encoded, also when it came in the parameters.
+        return {"negative_prompt": params.negative_prompt} if params.do_cfg else {}
+
+    def outputs(self, result: Any, info: StageInfo) -> dict[str, Any]:
+        if isinstance(result, np.ndarray) and result.dtype != np.uint8:
+            return {"latents": as_tensor(result)}
+        return {"image": result}

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The routes of a graph whose output is images: POST /v1/images/generations and
+POST /v1/chat/completions (the reply's content is `image_url` parts), in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from vllm_omni.diffusion.deadline import DeadlineUnreachable
+from vllm_omni.diffusion.executor_kind import ImageStageInfo
+from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
+from vllm_omni.entrypoints.openai.protocol import (
+    MAX_SEED,
+    ChatCompletionRequest,
+    ImageGenerationRequest,
+    ImageOptions,
+    error_body,
+)
+from vllm_omni.entrypoints.openai.server_utils import (
+    ClientDisconnected,
+    OmniServer,
+    bad_request,
+    cancel_on_disconnect,
+    field_of,
+)
+from vllm_omni.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def add_routes(app: FastAPI, server: OmniServer) -> None:
+    async def run_images(endpoint: str, request: Request, prompt: dict, body: ImageOptions):
+        """Run body.n images of `prompt`; returns (outputs, None) or (None, error response)."""
+        omni = server.omni
+        try:
+            params = _diffusion_params(body, omni, server.config)
+            prepared = [omni.prepare(prompt, p) for p in params]  # fail before running anything
+        except ValueError as e:
+            server.metrics.requests.labels(endpoint, "rejected").inc()
+            return None, bad_request(str(e), field_of(str(e)))
+        jobs = [omni.run_prepared(*x) for x in prepared]
+        try:
+            return await cancel_on_disconnect(request, asyncio.gather(*jobs)), None
+        except ClientDisconnected:
+            server.metrics.requests.labels(endpoint, "cancelled").inc()
+            return None, Response(status_code=499)
+        except asyncio.CancelledError:  # the server cancelled the handler (client gone)
+            server.metrics.requests.labels(endpoint, "cancelled").inc()
+            raise
+        except DeadlineUnreachable as e:  # admission control: come back later
+            server.metrics.requests.labels(endpoint, "overloaded").inc()
+            body = error_body(str(e), "latency_slo_ms", kind="rate_limit_exceeded", code=429)
+            return None, JSONResponse(body, 429)
+        except ValueError as e:
+            server.metrics.requests.labels(endpoint, "rejected").inc()
+            return None, bad_request(str(e), field_of(str(e)))
+        except Exception as e:  # a stage failed: report it, keep serving
+            logger.exception("image request failed")
+            server.metrics.requests.labels(endpoint, "failed").inc()
+            return None, JSONResponse(error_body(str(e), kind="internal_error", code=500), 500)
+
+    def finished(endpoint: str, start: float, num_images: int) -> None:
+        server.metrics.requests.labels(endpoint, "finished").inc()
+        server.metrics.images.inc(num_images)
+        server.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+
+    @app.post("/v1/images/generations")
+    async def images(body: ImageGenerationRequest, request: Request):
+        start = time.monotonic()
+        outputs, error = await run_images("images", request, _prompt(body.prompt, body), body)
+        if error is not None:
+            return error
+        data = [
+            {"b64_json": _png_b64(out.images[0]), "revised_prompt": None, "seed": out.seed}
+            for out in outputs
+        ]
+        finished("images", start, len(data))
+        width, height = outputs[0].images[0].size
+        return {
+            "created": int(time.time()),
+            "data": data,
+            "size": f"{width}x{height}",
+            "output_format": "png",
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        start = time.monotonic()
+        outputs, error = await run_images("chat", request, _prompt(body.prompt(), body), body)
+        if error is not None:
+            return error
+        finished("chat", start, len(outputs))
+        parts = [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_b64(im)}"}}
+            for out in outputs
+            for im in out.images
+        ]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": server.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": parts},
+                    "finish_reason": "stop",
+                }
+            ],
+            "seeds": [out.seed for out in outputs],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+
+
+def _prompt(text: str, body: ImageOptions) -> dict[str, str]:
+    prompt = {"prompt": text}
+    if body.negative_prompt is not None:
+        prompt["negative_prompt"] = body.negative_prompt
+    return prompt
+
+
+def _diffusion_params(
+    body: ImageOptions, omni: AsyncOmniLLM, config
+) -> list[DiffusionSamplingParams]:
+    """One parameter set per image: `n` images get seeds seed, seed+1, ... mod 2**63 (or
+    fresh ones)."""
+    size = body.parsed_size()
+    kwargs: dict[str, Any] = {}
+    if size is not None:
+        width, height = size
+        if width * height > config.max_pixels:
+            raise ValueError(
+                f"size: {width}x{height} is {width * height} pixels; the limit is "
+                f"{config.max_pixels} (--max-image-pixels)"
+            )
+        multiple = size_multiple(omni)
+        if width % multiple or height % multiple or not width or not height:
+            raise ValueError(f"size: width and height must be positive multiples of {multiple}")
+        kwargs.update(width=width, height=height)
+    if body.num_inference_steps is not None:
+        kwargs["num_inference_steps"] = body.num_inference_steps
+    steps = body.num_inference_steps or DiffusionSamplingParams.num_inference_steps
+    if body.n * steps > config.max_request_steps:
+        field = "n" if body.num_inference_steps is None else "num_inference_steps"
+        raise ValueError(
+            f"{field}: n x num_inference_steps is {body.n} x {steps} = {body.n * steps}; the "
+            f"limit is {config.max_request_steps} per request (--max-request-steps)"
+        )
+    if body.true_cfg_scale is not None:
+        kwargs["true_cfg_scale"] = body.true_cfg_scale
+    if body.cache_threshold is not None:
+        kwargs["cache_threshold"] = body.cache_threshold
+    if body.latency_slo_ms is not None:
+        kwargs["latency_slo_ms"] = body.latency_slo_ms
+    if body.seed is None:
+        seeds = [None] * body.n
+    else:  # wrapping, so that every seed the schema allows works with every n
+        seeds = [(body.seed + i) % MAX_SEED for i in range(body.n)]
+    return [DiffusionSamplingParams(seed=seed, **kwargs) for seed in seeds]
+
+
+def size_multiple(omni: AsyncOmniLLM) -> int:
+    infos = omni.stage_info().values()
+    return max((i.size_multiple for i in infos if isinstance(i, ImageStageInfo)), default=1)
+
+
+def _png_b64(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()

@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the omni server's routes share: the server's state as routes see it (`OmniServer`),
+client disconnects, a request's events, and errors in OpenAI's shape (400 naming the field)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from vllm.exceptions import VLLMClientError, VLLMValidationError
+
+from vllm_omni.config.stage_config import StageGraph
+from vllm_omni.engine.omni_engine import StageEvent
+from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
+from vllm_omni.entrypoints.openai.metrics import OmniMetrics
+from vllm_omni.entrypoints.openai.protocol import error_body
+
+DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class OmniServer:
+    """What a route adapter (vllm_omni.entrypoints.openai.images, a family's `api`) is given:
+    the server's settings, its metrics, the stage graph, and the AsyncOmniLLM once started."""
+
+    config: Any  # api_server.ServerConfig
+    metrics: OmniMetrics
+    graph: StageGraph
+    omni: AsyncOmniLLM | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable):
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise ClientDisconnected
+
+
+async def next_output(events: asyncio.Queue):
+    """The next text delta, final output or error of a request (stage start/finish events are
+    skipped)."""
+    while True:
+        event = await events.get()
+        if not isinstance(event, StageEvent):
+            return event
+
+
+class OutputQueue:
+    """`events` without the stage start/finish events."""
+
+    def __init__(self, events: asyncio.Queue) -> None:
+        self.events = events
+
+    async def get(self):
+        return await next_output(self.events)
+
+
+CLIENT_ERRORS = (ValueError, VLLMClientError)
+"""A request's fault: HTTP 400 (`_client_error`)."""
+
+
+def is_client_error(error: object) -> bool:
+    return isinstance(error, CLIENT_ERRORS)
+
+
+def client_error(error: Exception) -> JSONResponse:
+    """A 400 for a request's fault: our ValueErrors name their field first; vLLM's validation
+    errors (raised in the engine, e.g. out-of-vocabulary `stop_token_ids`) carry it."""
+    if isinstance(error, VLLMValidationError) and error.parameter:
+        return bad_request(f"{error.parameter}: {error.args[0]}", error.parameter)
+    return bad_request(str(error), field_of(str(error)))
+
+
+def field_of(message: str) -> str | None:
+    head = message.split(":", 1)[0]
+    return head if head and " " not in head else None
+
+
+def bad_request(message: str, param: str | None) -> JSONResponse:
+    return JSONResponse(error_body(message, param), status_code=400)

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the tiny model builders share: the random weight init (`randomize_`), the output
+projection's gain (`LOGIT_GAIN`), the ChatML generation config, and the smoothing of a
+Qwen-Image transformer's time embedding (`smooth_time_embedding_`, used by the tests and
+benchmarks that build their own transformers).
+
+The builders themselves live in each family's folder (`vllm_omni/models/*/tiny.py`) and
+`vllm_omni/models/tiny.py` builds them all; this module imports none of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_omni.models import tiny_tokenizer as tt
+
+if TYPE_CHECKING:
+    import torch
+
+# Standard deviation of the output projection relative to 1/sqrt(hidden): large enough that the
+# logits are peaky (greedy decoding without near-ties, so vLLM and transformers agree token for
+# token in float32), small enough that the model does not collapse onto one token.
+LOGIT_GAIN = 6.0
+
+
+def randomize_(model: torch.nn.Module, seed: int, out_gain: dict[str, float] | None = None) -> None:
+    """Overwrite every parameter of `model` from a generator seeded with `seed`.
+
+    The libraries' own inits are tuned for training (tiny stds, zero-initialised output layers),
+    which makes untrained models print near-uniform logits or blank images. Here each weight
+    gets std 1/sqrt(fan_in), so activations keep unit scale through the network, embeddings get
+    std 1, norm scales sit near 1 and biases near 0. `out_gain` multiplies the std of the
+    parameters whose names it lists.
+    """
+    import torch
+
+    out_gain = out_gain or {}
+    gen = torch.Generator().manual_seed(seed)
+    seen: set[int] = set()
+    with torch.no_grad():
+        for mod_name, module in model.named_modules():
+            is_norm = "norm" in type(module).__name__.lower()
+            is_embedding = isinstance(module, torch.nn.Embedding)
+            for p_name, param in module.named_parameters(recurse=False):
+                if id(param) in seen:  # tied weights: initialise once
+                    continue
+                seen.add(id(param))
+                full = f"{mod_name}.{p_name}" if mod_name else p_name
+                if is_norm:
+                    base = 1.0 if "bias" not in p_name else 0.0
+                    value = base + 0.1 * torch.randn(param.shape, generator=gen)
+                elif is_embedding:
+                    value = torch.randn(param.shape, generator=gen)
+                elif param.dim() == 1:  # biases
+                    value = 0.1 * torch.randn(param.shape, generator=gen)
+                else:  # linear / conv weights: (out, in, *kernel)
+                    fan_in = param[0].numel()
+                    value = torch.randn(param.shape, generator=gen) / fan_in**0.5
+                value = value * out_gain.get(full, 1.0)
+                param.copy_(value.to(param.dtype))
+
+
+def smooth_time_embedding_(transformer, max_frequency: float) -> None:
+    """Damp a Qwen-Image transformer's timestep embedding's response to fast sinusoids: the
+    input weight of a sinusoid of frequency f (radians per unit of the 0-1 timestep the
+    transformer gets) is scaled by min(1, max_frequency / f).
+
+    A random first layer mixes every sinusoid equally, and the fastest turn by tens of radians
+    between neighbouring steps, so an untrained DiT's modulation (and every block's output)
+    jumps from step to step like no trained DiT's does. Trained time embeddings respond
+    smoothly to t; this gives a random one that property and nothing else."""
+    import math
+
+    import torch
+
+    linear = transformer.time_text_embed.timestep_embedder.linear_1
+    half = linear.in_features // 2
+    # diffusers' Timesteps: frequencies exp(-ln(10000) i / half), the timestep scaled by 1000
+    freqs = torch.exp(-math.log(10000) * torch.arange(half) / half) * 1000
+    gain = (max_frequency / freqs).clamp(max=1.0)
+    with torch.no_grad():
+        linear.weight.mul_(torch.cat([gain, gain])[None].to(linear.weight.dtype))
+
+
+def chat_generation_config():
+    """Generation stops at <|im_end|> (end of a ChatML turn) or <|endoftext|>."""
+    from transformers import GenerationConfig
+
+    endoftext = tt.token_id(tt.ENDOFTEXT)
+    return GenerationConfig(
+        bos_token_id=endoftext, eos_token_id=[tt.token_id(tt.IM_END), endoftext],
+        pad_token_id=endoftext,
+    )  # fmt: skip
