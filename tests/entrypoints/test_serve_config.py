@@ -120,7 +120,8 @@ def _engine_args(config) -> dict:
 def test_work_per_image_request_is_bounded() -> None:
     """n x num_inference_steps over --max-request-steps is refused, naming the field the
     request set (n alone takes the default 50 steps)."""
-    from vllm_omni.entrypoints.openai.api_server import ServerConfig, _diffusion_params
+    from vllm_omni.entrypoints.openai.api_server import ServerConfig
+    from vllm_omni.entrypoints.openai.images import _diffusion_params
     from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest
 
     config = ServerConfig(model="m", served_model_name="m", max_request_steps=200)

@@ -150,7 +150,7 @@ class SpeechChatRequest(StrictBody):
         sampling defaults) and code2wav (its noise) are seeded too: same seed, same audio."""
         from vllm import SamplingParams
 
-        from vllm_omni.diffusion.params import Code2WavParams
+        from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
         from vllm_omni.models.qwen2_5_omni.talker import TALKER_MAX_TOKENS, TALKER_SAMPLING
 
         kwargs: dict[str, Any] = {
