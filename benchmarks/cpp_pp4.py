@@ -33,10 +33,10 @@ PP = 4
 
 def configs(model_len: int) -> list[Config]:
     from vllm_omni.cpp import cpp_engine_args
-    from vllm_omni.cpp.worker import worker_cls_for_platform
+    from vllm_omni.worker.hooks import with_worker_hooks
 
     base = dict(max_model_len=model_len, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 30)
-    plain = dict(base, worker_cls=worker_cls_for_platform(), pipeline_parallel_size=PP)
+    plain = dict(with_worker_hooks(base, "cpp"), pipeline_parallel_size=PP)
     return [
         Config(f"plain PP={PP} chunk 2048", PP, dict(plain, max_num_batched_tokens=2048)),
         Config(f"CPP PP={PP}", PP, cpp_engine_args(pipeline_parallel_size=PP, **base)),

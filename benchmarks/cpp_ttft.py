@@ -76,11 +76,11 @@ class Result:
 
 def configs(chunks: tuple[int, ...], model_len: int, micro: tuple[int, ...] = ()) -> list[Config]:
     from vllm_omni.cpp import cpp_engine_args
-    from vllm_omni.cpp.worker import worker_cls_for_platform
+    from vllm_omni.worker.hooks import with_worker_hooks
 
     # 1 GiB of KV per worker holds 512K tokens of the tiny model; two engines are up at once.
     base = dict(max_model_len=model_len, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 30)
-    timed = dict(base, worker_cls=worker_cls_for_platform())
+    timed = with_worker_hooks(base, "cpp")  # CPP's step timeline, without its scheduler
     out = [Config("plain PP=1", 1, dict(timed, max_num_batched_tokens=2048))]
     out += [
         Config(

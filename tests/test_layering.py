@@ -48,8 +48,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "vllm_omni",  # the package itself: its version; its exports load lazily
         ),
     ),
-    ("cpp", ("vllm_omni.cpp",)),  # chunked pipeline parallel: scheduler, worker, cost model
+    # Worker hooks (the protocol, the hidden-state capture) below CPP, whose step timer is one;
+    # the worker that runs them all above both.
     ("worker", ("vllm_omni.worker",)),
+    ("cpp", ("vllm_omni.cpp",)),  # chunked pipeline parallel: scheduler, worker hook, cost model
+    ("omni worker", ("vllm_omni.worker.omni_worker",)),
     ("executor", ("vllm_omni.executor",)),
     # `platform.cpu_defaults` is the platform policy behind patch 2: besides its pure planning
     # functions it turns `distributed_executor_backend="ray"` into `executor.cpu_ray`'s

@@ -31,7 +31,8 @@ def test_cpp_flags_become_engine_args():
     )  # fmt: skip
     apply_cpp_args(args)
     assert args.scheduler_cls == "vllm_omni.cpp.scheduler.CPPScheduler"
-    assert args.worker_cls.startswith("vllm_omni.cpp.worker.CPP")
+    assert args.worker_cls.startswith("vllm_omni.worker.omni_worker.Omni")
+    assert args.additional_config["omni_worker_hooks"] == ["cpp"]
     assert args.additional_config["x"] == 1
     config = CPPConfig.from_dict(args.additional_config["cpp"])
     assert config.status_path  # where the scheduler tells /metrics about its cost model

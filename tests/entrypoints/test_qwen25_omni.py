@@ -284,3 +284,37 @@ def test_seeded_sampling_speaks_the_same_streamed_or_not(omni):
     assert first.codec_token_ids == second.codec_token_ids == whole.codec_token_ids
     other = omni.generate(prompt, params(12), use_tqdm=False)[0]
     assert other.codec_token_ids != whole.codec_token_ids  # the seed does draw the codes
+
+
+def test_a_cpp_scheduled_thinker_also_hands_on_its_hidden_states(omni, tiny_models):
+    """Worker features compose: the thinker's worker runs CPP's step hook and the hidden-state
+    hook together. With a 16-token budget the prompt prefills in chunks, so the rows of the
+    first chunks wait in the worker for the first sampled token. Tokens, codes and audio equal
+    the plain thinker's."""
+    thinker = {
+        "scheduler": "cpp",
+        "engine_args": {
+            "dtype": "float32",
+            "max_model_len": 2048,
+            "enforce_eager": True,
+            "max_num_batched_tokens": 16,
+        },
+    }
+    talker = {"engine_args": {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True}}
+    cpp = OmniLLM(
+        tiny_models["qwen2.5-omni"], stage_overrides={"thinker": thinker, "talker": talker}
+    )
+    try:
+        engine = cpp.engine.stages["thinker"].engine
+        assert engine.vllm_config.scheduler_config.scheduler_cls.endswith("CPPScheduler")
+        hooks = engine.vllm_config.additional_config["omni_worker_hooks"]
+        assert hooks == ["cpp", "hidden_states"]
+        got = cpp.generate(PROMPT, stage_params(), use_tqdm=False)[0]
+    finally:
+        cpp.shutdown()
+    want = omni.generate(PROMPT, stage_params(), use_tqdm=False)[0]
+    assert len(got.prompt_token_ids) > 16  # prefilled in more than one step
+    assert got.token_ids == want.token_ids
+    assert got.codec_token_ids == want.codec_token_ids and got.codec_token_ids
+    # The same codes, voice and seed in another stage process: the same waveform.
+    assert torch.allclose(got.audio, want.audio, rtol=0, atol=1e-6)

@@ -91,7 +91,7 @@ def test_cpp_pp2_on_ray_matches_plain_pp1(
     assert on_ray["prefix"] == greedy_reference["prefix"]
     nodes = [w["node"] for w in on_ray["workers"]]
     assert None not in nodes and len(set(nodes)) == 2, nodes  # one rank per fake node
-    assert {w["worker"] for w in on_ray["workers"]} == {"CPPCPUWorker"}
+    assert {w["worker"] for w in on_ray["workers"]} == {"OmniCPUWorker"}
     assert on_ray["cpp_scheduler"]
     # Both stages ran the same CPP steps, and the 3500-token prompts took more than one each.
     chunks = [[r["chunks"] for r in rank] for rank in on_ray["step_records"]]

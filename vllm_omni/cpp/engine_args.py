@@ -6,8 +6,9 @@
     llm = LLM(model=M, **cpp_engine_args(pipeline_parallel_size=2))
 
 is the same as plain vLLM with
-`--scheduler-cls vllm_omni.cpp.scheduler.CPPScheduler --worker-cls <CPP worker for the platform>
- --additional-config '{"cpp": {...}}'` and a token budget large enough for CPP's first chunk.
+`--scheduler-cls vllm_omni.cpp.scheduler.CPPScheduler --worker-cls <omni worker for the platform>
+ --additional-config '{"cpp": {...}, "omni_worker_hooks": ["cpp"]}'` and a token budget large
+enough for CPP's first chunk. Other worker hooks of the engine (a stage's) run inside CPP's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def cpp_engine_args(
     cpp: CPPConfig | dict[str, Any] | None = None, **engine_args: Any
 ) -> dict[str, Any]:
     """`engine_args` plus what CPP needs; raises ValueError for combinations CPP cannot run with."""
-    from vllm_omni.cpp.worker import worker_cls_for_platform
+    from vllm_omni.worker.hooks import with_worker_hooks
 
     config = cpp if isinstance(cpp, CPPConfig) else CPPConfig.from_dict(cpp)
     if engine_args.get("enable_chunked_prefill") is False:
@@ -48,11 +49,11 @@ def cpp_engine_args(
             raise ValueError(
                 f"cpp.{name} needs pipeline_parallel_size > 1 (chunks pipeline across PP stages)"
             )
-    for key in ("scheduler_cls", "worker_cls"):
-        if engine_args.get(key) not in (None, "auto"):
-            raise ValueError(
-                f"{key} is set by CPP; it cannot be combined with {key}={engine_args[key]!r}"
-            )
+    if engine_args.get("scheduler_cls") not in (None, "auto"):
+        raise ValueError(
+            f"scheduler_cls is set by CPP; it cannot be combined with "
+            f"scheduler_cls={engine_args['scheduler_cls']!r}"
+        )
     if config.slo:
         config = _install_slo_frontend(config)
     config = _install_cost_model_metrics(config)
@@ -63,14 +64,17 @@ def cpp_engine_args(
 
         processors = list(engine_args.pop("logits_processors", None) or [])
         engine_args["logits_processors"] = [*processors, QUALNAME]
-    return {
+    args = {
         "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
         **engine_args,
         "enable_chunked_prefill": True,
         "scheduler_cls": scheduler_cls_name(),
-        "worker_cls": worker_cls_for_platform(),
         "additional_config": additional,
     }
+    try:  # CPP's step timer first: the other hooks see each micro-chunk as a step
+        return with_worker_hooks(args, "cpp", first=True)
+    except ValueError as e:
+        raise ValueError(f"{e} (CPP runs its own worker hook)") from None
 
 
 def _temp_path(kind: str) -> str:

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Worker side of CPP: a per-rank busy timeline of model steps.
+"""Worker side of CPP (the worker hook `cpp`): a per-rank busy timeline of model steps.
 
 Every forward pass of the model runner is timed on the worker (`time.monotonic`, comparable across
 processes on one host) together with the chunks it ran, as (new tokens, cached tokens) per
@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-from vllm.v1.worker.cpu_worker import CPUWorker
-from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_omni.cpp import micro_chunks
 from vllm_omni.cpp.config import CPPConfig
@@ -77,13 +75,19 @@ def scheduled_chunks(scheduler_output: SchedulerOutput) -> tuple[tuple[int, int]
     return tuple(chunks)
 
 
-class CPPWorkerMixin:
-    """Records a StepRecord for every model-runner forward pass of this worker, and with
-    `cpp.micro_chunks` > 1 splits a lone prefill chunk into micro-chunks (`micro_chunks`)."""
+class CPPStepHook:
+    """The worker hook `cpp` (vllm_omni.worker.hooks): records a StepRecord for every
+    model-runner forward pass of its worker, and with `cpp.micro_chunks` > 1 splits a lone
+    prefill chunk into micro-chunks (`micro_chunks`). Named first, so that the hooks after it
+    see each micro-chunk as a step of its own."""
 
-    def _install_step_timer(self) -> None:
+    def __init__(self, worker) -> None:
+        self.worker = worker
+
+    def install(self) -> None:
         self._step_records: deque[StepRecord] = deque(maxlen=MAX_RECORDS)
-        runner = self.model_runner
+        worker = self.worker
+        runner = worker.model_runner
         forward = runner.execute_model
 
         def timed_forward(scheduler_output, *args, **kwargs):
@@ -93,7 +97,7 @@ class CPPWorkerMixin:
             finally:
                 if scheduler_output.total_num_scheduled_tokens > 0:
                     record = StepRecord(
-                        self.rank,
+                        worker.rank,
                         start,
                         time.monotonic(),
                         scheduled_chunks(scheduler_output),
@@ -108,10 +112,10 @@ class CPPWorkerMixin:
         self._unreported: list | None = [] if get_pp_group().is_last_rank else None
         self._micro = None
         self._piece = (0, 1)
-        config = CPPConfig.from_additional_config(self.vllm_config.additional_config)
+        config = CPPConfig.from_additional_config(worker.vllm_config.additional_config)
         if config is not None and config.micro_chunks > 1:
-            cost_model = resolve_cost_model(config, self.vllm_config)
-            align = config.chunk_align or self.vllm_config.cache_config.block_size
+            cost_model = resolve_cost_model(config, worker.vllm_config)
+            align = config.chunk_align or worker.vllm_config.cache_config.block_size
             self._micro = (cost_model, config.micro_chunks, align)
 
     def _report_step_times(self, output: Any) -> Any:
@@ -124,31 +128,31 @@ class CPPWorkerMixin:
         self._unreported = []
         return output
 
-    def sample_tokens(self, grammar_output):
-        return self._report_step_times(super().sample_tokens(grammar_output))
+    def sample_tokens(self, grammar_output, call_next):
+        return self._report_step_times(call_next(grammar_output))
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput):
-        return self._report_step_times(self._execute_pieces(scheduler_output))
+    def execute_model(self, scheduler_output: SchedulerOutput, call_next):
+        return self._report_step_times(self._execute_pieces(scheduler_output, call_next))
 
-    def _execute_pieces(self, scheduler_output: SchedulerOutput):
+    def _execute_pieces(self, scheduler_output: SchedulerOutput, call_next):
         pieces = self._micro_pieces(scheduler_output) if self._micro else None
         if pieces is None:
-            return super().execute_model(scheduler_output)
+            return call_next(scheduler_output)
         try:
             for i, piece in enumerate(pieces[:-1]):
                 self._piece = (i, len(pieces))
                 # The last rank defers sampling to sample_tokens(); a piece that ends mid-prompt
                 # samples nothing the scheduler keeps, so its output is dropped here.
-                if super().execute_model(piece) is None and get_pp_group().is_last_rank:
-                    self.model_runner.sample_tokens(None)
+                if call_next(piece) is None and get_pp_group().is_last_rank:
+                    self.worker.model_runner.sample_tokens(None)
             self._piece = (len(pieces) - 1, len(pieces))
-            return super().execute_model(pieces[-1])
+            return call_next(pieces[-1])
         finally:
             self._piece = (0, 1)
 
     def _micro_pieces(self, scheduler_output: SchedulerOutput) -> list | None:
-        found = micro_chunks.lone_prefill(scheduler_output, self.model_runner.requests)
+        found = micro_chunks.lone_prefill(scheduler_output, self.worker.model_runner.requests)
         if found is None:
             return None
         req_id, cached, num_tokens = found
@@ -160,28 +164,8 @@ class CPPWorkerMixin:
             return None
         return micro_chunks.split(scheduler_output, req_id, cached, sizes)
 
-    def cpp_take_step_records(self) -> list[dict[str, Any]]:
-        """Drain this worker's step records (as dicts, to cross the RPC boundary)."""
+    def take_records(self) -> list[dict[str, Any]]:
+        """Drain the step records (as dicts, to cross the RPC boundary)."""
         records = [asdict(r) for r in self._step_records]
         self._step_records.clear()
         return records
-
-
-class CPPCPUWorker(CPPWorkerMixin, CPUWorker):
-    def init_device(self) -> None:
-        super().init_device()
-        self._install_step_timer()
-
-
-class CPPGPUWorker(CPPWorkerMixin, Worker):
-    def init_device(self) -> None:
-        super().init_device()
-        self._install_step_timer()
-
-
-def worker_cls_for_platform() -> str:
-    """The qualified name vLLM's `worker_cls` needs (it crosses process boundaries as a string)."""
-    from vllm.platforms import current_platform
-
-    cls = CPPCPUWorker if current_platform.is_cpu() else CPPGPUWorker
-    return f"{cls.__module__}.{cls.__qualname__}"

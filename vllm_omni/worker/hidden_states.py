@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A generating vLLM worker that also returns each token's last hidden state.
+"""The worker hook `hidden_states`: a generating vLLM worker also returns each token's last
+hidden state.
 
 Qwen2.5-Omni's talker reads, for every prompt and reply token of the thinker, the thinker's last
 hidden state (after the final norm) plus that token's input embedding. vLLM computes both while it
@@ -30,8 +31,8 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.worker.cpu_worker import CPUWorker
-from vllm.v1.worker.gpu_worker import Worker
+
+from vllm_omni.worker.hooks import PassThroughHook
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -66,9 +67,11 @@ def placeholder_ids(config) -> list[int]:
     return []
 
 
-class HiddenStatesWorkerMixin:
-    def _install_capture(self) -> None:
-        runner = self.model_runner
+class HiddenStatesHook(PassThroughHook):
+    """The worker hook `hidden_states` (vllm_omni.worker.hooks)."""
+
+    def install(self) -> None:
+        runner = self.worker.model_runner
         forward = runner._model_forward
         self._pending: dict[str, list[torch.Tensor]] = {}  # rows not yet sent, per request
         self._next_position: dict[str, int] = {}  # first position not yet captured
@@ -87,8 +90,10 @@ class HiddenStatesWorkerMixin:
         runner._model_forward = capturing_forward
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        model = self.model_runner.model
-        if hasattr(model, "get_language_model"):
+        from vllm.model_executor.models.interfaces import supports_multimodal
+
+        model = self.worker.model_runner.model
+        if supports_multimodal(model):
             model = model.get_language_model()
         embeds = model.embed_input_ids(token_ids)
         if self._placeholders.numel():
@@ -97,9 +102,10 @@ class HiddenStatesWorkerMixin:
         return embeds
 
     def _capture(self, hidden_states: torch.Tensor, positions: torch.Tensor | None) -> None:
-        req_ids = self.model_runner.input_batch.req_ids
+        runner = self.worker.model_runner
+        req_ids = runner.input_batch.req_ids
         total = sum(self._spans[r][1] for r in req_ids)
-        token_ids = self.model_runner.input_ids.gpu[:total]
+        token_ids = runner.input_ids.gpu[:total]
         parts = [hidden_states[:total], self._embed(token_ids)]
         if positions is not None and positions.dim() == 2:  # M-RoPE: [3, tokens]
             parts = [p.float() for p in parts] + [positions[:, :total].T.float()]
@@ -115,15 +121,15 @@ class HiddenStatesWorkerMixin:
             self._pending.setdefault(req_id, []).append(chunk[max(0, captured - start) :])
             self._next_position[req_id] = start + n
 
-    def execute_model(self, scheduler_output: SchedulerOutput):
+    def execute_model(self, scheduler_output: SchedulerOutput, call_next):
         for req_id in scheduler_output.finished_req_ids:
             self._pending.pop(req_id, None)
             self._next_position.pop(req_id, None)
         self._spans = scheduled_spans(scheduler_output)
-        return super().execute_model(scheduler_output)
+        return call_next(scheduler_output)
 
-    def sample_tokens(self, grammar_output):
-        out = super().sample_tokens(grammar_output)
+    def sample_tokens(self, grammar_output, call_next):
+        out = call_next(grammar_output)
         if not isinstance(out, ModelRunnerOutput) or not self._pending:
             return out
         # Rows leave with a sampled token; a step that samples nothing for a request (a prefill
@@ -139,23 +145,3 @@ class HiddenStatesWorkerMixin:
         if any(r is not None for r in rows):
             out.pooler_output = rows
         return out
-
-
-class HiddenStatesCPUWorker(HiddenStatesWorkerMixin, CPUWorker):
-    def init_device(self) -> None:
-        super().init_device()
-        self._install_capture()
-
-
-class HiddenStatesGPUWorker(HiddenStatesWorkerMixin, Worker):
-    def init_device(self) -> None:
-        super().init_device()
-        self._install_capture()
-
-
-def worker_cls_for_platform() -> str:
-    """The qualified name vLLM's `worker_cls` needs (it crosses process boundaries as a string)."""
-    from vllm.platforms import current_platform
-
-    cls = HiddenStatesCPUWorker if current_platform.is_cpu() else HiddenStatesGPUWorker
-    return f"{cls.__module__}.{cls.__qualname__}"

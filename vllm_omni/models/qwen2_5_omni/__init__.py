@@ -18,6 +18,12 @@ def _talker(config):
     return TalkerGenerator.for_stage(config)
 
 
+def _talker_hook() -> type:
+    from vllm_omni.models.qwen2_5_omni.talker_worker import TalkerConditioningHook
+
+    return TalkerConditioningHook
+
+
 def _speech_chat(app, server) -> None:
     from vllm_omni.models.qwen2_5_omni.speech_chat import add_routes
 
@@ -37,6 +43,7 @@ FAMILY = ModelFamily(
     repos=("Qwen/Qwen2.5-Omni-7B", "Qwen/Qwen2.5-Omni-3B"),
     processors={"qwen25_omni_thinker": _thinker, "qwen25_omni_talker": _talker},
     executors=(Code2WavKind(),),
+    worker_hooks={"qwen25_omni_talker": _talker_hook},
     vllm_models={
         "Qwen2_5OmniTalkerForCodec": (
             "vllm_omni.models.qwen2_5_omni.talker_model:Qwen25OmniTalkerForCodec"

@@ -23,6 +23,8 @@ import torch
 from vllm_omni.engine.stage_processor import Generator
 
 DEFAULT_VOICE = "Chelsie"
+TALKER_HOOK = "qwen25_omni_talker"
+"""The talker's worker hook (talker_worker.TalkerConditioningHook), as the family registers it."""
 TALKER_MAX_TOKENS = 4096
 # transformers' talker sampling defaults (Qwen2_5OmniForConditionalGeneration.generate).
 TALKER_SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
@@ -154,16 +156,16 @@ class TalkerGenerator(Generator):
 
     def engine_defaults(self) -> dict[str, Any]:
         from vllm_omni.models.qwen2_5_omni.talker_model import talker_hf_overrides
-        from vllm_omni.models.qwen2_5_omni.talker_worker import worker_cls_for_platform
+        from vllm_omni.worker.hooks import with_worker_hooks
 
-        return {
-            "worker_cls": worker_cls_for_platform(),
+        args = {
             "hf_overrides": talker_hf_overrides,
             "skip_tokenizer_init": True,
             "generation_config": "vllm",
             "async_scheduling": False,
             "enforce_eager": True,  # conditioning is set per step (see .talker_worker)
         }
+        return with_worker_hooks(args, TALKER_HOOK)
 
     def default_params(self):
         from vllm import SamplingParams

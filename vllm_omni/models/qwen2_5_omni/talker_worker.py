@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The talker stage's vLLM worker: sets each step's per-token thinker conditioning on the model.
+"""The talker stage's worker hook: sets each step's per-token thinker conditioning on the model.
 
 A talker request carries its conditioning rows in `SamplingParams.extra_args[PAYLOAD_KEY]`
 (built by `vllm_omni.models.qwen2_5_omni.talker.talker_input`): row j conditions position j,
@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from vllm.distributed.parallel_state import get_pp_group
-from vllm.v1.worker.cpu_worker import CPUWorker
-from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_omni.worker.hidden_states import scheduled_spans
+from vllm_omni.worker.hooks import PassThroughHook
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -74,9 +73,11 @@ def talker_positions(table: torch.Tensor | None, start: int, n: int) -> torch.Te
     return positions
 
 
-class TalkerWorkerMixin:
-    def _install_conditioning(self) -> None:
-        runner = self.model_runner
+class TalkerConditioningHook(PassThroughHook):
+    """The worker hook `qwen25_omni_talker` (registered by the family)."""
+
+    def install(self) -> None:
+        runner = self.worker.model_runner
         forward = runner._model_forward
         self._payloads: dict[str, tuple[torch.Tensor, int]] = {}
         self._spans: dict[str, tuple[int, int]] | None = None
@@ -97,12 +98,16 @@ class TalkerWorkerMixin:
 
     def _payload(self, req_id: str) -> tuple[torch.Tensor, int, torch.Tensor | None] | None:
         if req_id not in self._payloads:
-            params = self.model_runner.requests[req_id].sampling_params
+            params = self.worker.model_runner.requests[req_id].sampling_params
             payload = (params.extra_args or {}).get(PAYLOAD_KEY) if params else None
             if payload is None:
                 return None
             rows, codec_from, positions = decode_payload(payload)
-            self._payloads[req_id] = (rows.to(self.model_runner.device), codec_from, positions)
+            self._payloads[req_id] = (
+                rows.to(self.worker.model_runner.device),
+                codec_from,
+                positions,
+            )
         return self._payloads[req_id]
 
     def _mrope_positions(self, positions: torch.Tensor) -> torch.Tensor:
@@ -112,7 +117,7 @@ class TalkerWorkerMixin:
         if self._spans is None:  # a warm-up or profiling run
             return positions
         out, offset = None, 0
-        for req_id in self.model_runner.input_batch.req_ids:
+        for req_id in self.worker.model_runner.input_batch.req_ids:
             start, n = self._spans[req_id]
             payload = self._payload(req_id)
             if payload is not None and payload[2] is not None:
@@ -122,7 +127,7 @@ class TalkerWorkerMixin:
         return positions if out is None else out  # M-RoPE takes 1-D positions as they are
 
     def _set_conditioning(self, input_ids: torch.Tensor | None) -> None:
-        runner = self.model_runner
+        runner = self.worker.model_runner
         if self._spans is None or input_ids is None:  # a warm-up or profiling run
             runner.model.set_conditioning(None, None)
             return
@@ -142,31 +147,11 @@ class TalkerWorkerMixin:
         dtype = runner.model.codec_embedding.weight.dtype
         runner.model.set_conditioning(torch.cat(rows).to(dtype), torch.cat(scales).to(dtype))
 
-    def execute_model(self, scheduler_output: SchedulerOutput):
+    def execute_model(self, scheduler_output: SchedulerOutput, call_next):
         for req_id in scheduler_output.finished_req_ids:
             self._payloads.pop(req_id, None)
         self._spans = scheduled_spans(scheduler_output)
         try:
-            return super().execute_model(scheduler_output)
+            return call_next(scheduler_output)
         finally:
             self._spans = None
-
-
-class TalkerCPUWorker(TalkerWorkerMixin, CPUWorker):
-    def init_device(self) -> None:
-        super().init_device()
-        self._install_conditioning()
-
-
-class TalkerGPUWorker(TalkerWorkerMixin, Worker):
-    def init_device(self) -> None:
-        super().init_device()
-        self._install_conditioning()
-
-
-def worker_cls_for_platform() -> str:
-    """The qualified name vLLM's `worker_cls` needs (it crosses process boundaries as a string)."""
-    from vllm.platforms import current_platform
-
-    cls = TalkerCPUWorker if current_platform.is_cpu() else TalkerGPUWorker
-    return f"{cls.__module__}.{cls.__qualname__}"

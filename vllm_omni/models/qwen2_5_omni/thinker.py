@@ -22,14 +22,14 @@ class ThinkerGenerator(Generator):
     hands_on_hidden_states = True
 
     def engine_defaults(self) -> dict[str, Any]:
-        from vllm_omni.worker.hidden_states import worker_cls_for_platform
+        from vllm_omni.worker.hooks import with_worker_hooks
 
-        return {
-            "worker_cls": worker_cls_for_platform(),
+        args = {
             # Cached prompt positions are never computed, so their rows would be missing.
             "enable_prefix_caching": False,
             "async_scheduling": False,
         }
+        return with_worker_hooks(args, "hidden_states")
 
     async def run(
         self, stage, request_id: str, inputs: dict[str, Any], params, emit=None
