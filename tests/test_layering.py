@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "foundations",
         (
             "vllm_omni.logger",
+            "vllm_omni.errors",
             "vllm_omni.models.registry",
             "vllm_omni.models.meta_modules",
             "vllm_omni.platform",

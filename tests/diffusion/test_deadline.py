@@ -195,6 +195,7 @@ def test_refusal_crosses_the_process_boundary_as_its_own_error() -> None:
     """Admission control's refusal leaves the DiT process as DeadlineUnreachable (the server
     answers 429), not as a ValueError (400) or a stage failure (500)."""
     import asyncio
+    import pickle
     import queue
 
     from vllm_omni.config.stage_config import StageConfig
@@ -209,7 +210,13 @@ def test_refusal_crosses_the_process_boundary_as_its_own_error() -> None:
     params = DiffusionSamplingParams()
     assert _handle(RefusingCore(), ("add", "r1", ({}, params)), outbox)
     message = outbox.get_nowait()
-    assert message == ("failed", "r1", ("DeadlineUnreachable", "latency_slo_ms: cannot be met"))
+    kind, key, error = pickle.loads(pickle.dumps(message))  # as it crosses the boundary
+    assert (kind, key, type(error), str(error)) == (
+        "failed",
+        "r1",
+        DeadlineUnreachable,
+        "latency_slo_ms: cannot be met",
+    )
 
     stage = DiTStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
     loop = asyncio.new_event_loop()
@@ -243,3 +250,35 @@ def test_decodes_are_priced_apart_from_steps() -> None:
     assert s.costs.step_s(b) == pytest.approx(0.16 + 0.5)
     # a size never decoded is priced by its pixels, like its steps
     assert s.costs.decode_s((64, 64)) == pytest.approx(0.5 / 16)
+
+
+def test_a_field_error_crosses_the_process_boundary_with_its_field() -> None:
+    """A request the stage process refuses (a FieldError) reaches the orchestrator as one, so
+    the server's 400 names the field."""
+    import asyncio
+    import pickle
+    import queue
+
+    from vllm_omni.config.stage_config import StageConfig
+    from vllm_omni.diffusion.engine_core import _handle
+    from vllm_omni.engine.dit_stage import DiTStage
+    from vllm_omni.errors import FieldError
+
+    class RefusingCore:
+        def add_request(self, *args):
+            raise FieldError("cache_threshold", "not supported")
+
+    outbox = queue.Queue()
+    assert _handle(RefusingCore(), ("add", "r1", ({}, DiffusionSamplingParams())), outbox)
+    message = pickle.loads(pickle.dumps(outbox.get_nowait()))
+    stage = DiTStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
+    loop = asyncio.new_event_loop()
+    try:
+        future = loop.create_future()
+        stage._pending["r1"] = future
+        stage._dispatch(message)
+        with pytest.raises(FieldError, match="cache_threshold: not supported") as refused:
+            future.result()
+        assert refused.value.field == "cache_threshold"
+    finally:
+        loop.close()

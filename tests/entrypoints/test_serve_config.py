@@ -45,6 +45,7 @@ def test_cpp_and_engine_flags_reach_the_ar_stages(tmp_path) -> None:
     assert config.max_pixels == 65536
     assert set(config.stage_overrides) == {"text_encoder"}  # the DiT stage takes no vLLM flags
     graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert config.graph == graph  # resolved once, overrides applied, by `vllm serve`
     assert graph["text_encoder"].scheduler == "cpp"
     engine_args = ARStage(graph["text_encoder"]).engine_args()
     assert engine_args["scheduler_cls"] == "vllm_omni.cpp.scheduler.CPPScheduler"
@@ -58,6 +59,7 @@ def test_plain_flags_leave_the_graph_alone(tmp_path) -> None:
     config = server_config(_args(str(tmp_path)))
     assert config.api_keys == () and config.served_model_name == str(tmp_path)
     graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert config.graph == graph  # resolved once, overrides applied, by `vllm serve`
     assert graph["text_encoder"].scheduler == "default"
     assert "scheduler_cls" not in ARStage(graph["text_encoder"]).engine_args()
 
@@ -66,6 +68,7 @@ def test_stage_backend_puts_every_stage_on_ray(tmp_path) -> None:
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
     config = server_config(_args(str(tmp_path), "--stage-backend", "ray", "--enforce-eager"))
     graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert config.graph == graph  # resolved once, overrides applied, by `vllm serve`
     assert {stage.backend for stage in graph.stages} == {"ray"}
     # The engine runs in the stage's actor, its workers as the actor's processes.
     assert isinstance(make_ar_stage(graph["text_encoder"]), RayARStage)
@@ -81,6 +84,7 @@ def test_dit_cache_reaches_the_dit_stage_only(tmp_path, value, expected) -> None
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
     config = server_config(_args(str(tmp_path), "--dit-cache", value))
     graph = resolve_stage_graph(config.model, config.stage_configs, config.stage_overrides)
+    assert config.graph == graph  # resolved once, overrides applied, by `vllm serve`
     assert graph["dit"].dit_config().residual_cache.threshold == expected
     assert "dit" not in config.stage_overrides.get("text_encoder", {})
 

@@ -278,6 +278,17 @@ class StageGraph:
                 raise ValueError(f"stages[{i}].{e}") from None
         return cls(stages=tuple(stages), model_type=values.get("model_type"))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The graph in its YAML form (`from_dict` of it gives an equal graph)."""
+        stages = [{f.name: getattr(s, f.name) for f in fields(StageConfig)} for s in self.stages]
+        return {"model_type": self.model_type, "stages": stages}
+
+    def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]] | None) -> StageGraph:
+        """This graph with per-stage overrides ({stage name: {field: value}}) merged in."""
+        if not overrides:
+            return self
+        return StageGraph.from_dict(apply_overrides(self.to_dict(), overrides))
+
     @classmethod
     def from_yaml(cls, path: str | Path, base_dir: str | Path | None = None) -> StageGraph:
         """Load a YAML stage graph; relative model paths resolve against `base_dir` (default:

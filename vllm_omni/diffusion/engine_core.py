@@ -9,7 +9,7 @@ vLLM's EngineCore itself: see docs/architecture.md ("Why the DiT stage has its o
 Messages in (`inbox`): ("add", request_id, (inputs, params)), ("abort", request_id, None),
 ("stats", token, None), ("shutdown", None, None). Messages out (`outbox`): ("ready", None,
 info), ("error", None, traceback), ("done", request_id, result), ("failed", request_id,
-(error type, message)), ("step", None, (start, end, num_requests)), ("stats", token, stats).
+the exception), ("step", None, (start, end, num_requests)), ("stats", token, stats).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _handle(core: DiffusionEngineCore, message: tuple, outbox) -> bool:
         try:
             core.add_request(key, inputs, params)
         except (ValueError, DeadlineUnreachable) as e:
-            outbox.put(("failed", key, (type(e).__name__, str(e))))
+            outbox.put(("failed", key, e))  # a FieldError keeps its field
     elif kind == "abort":
         core.abort_request(key)
     elif kind == "stats":
@@ -158,7 +158,7 @@ def _step(core: DiffusionEngineCore, outbox) -> None:
         message = f"DiT stage failed: {type(e).__name__}: {e}"
         for request_id in [r.request_id for r in core.scheduler.running]:
             core.abort_request(request_id)
-            outbox.put(("failed", request_id, ("RuntimeError", message)))
+            outbox.put(("failed", request_id, RuntimeError(message)))
         return
     outbox.put(("step", None, (start, end, core.scheduler.num_running + len(finished))))
     for request, result in finished:

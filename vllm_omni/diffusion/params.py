@@ -12,6 +12,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from vllm_omni.errors import FieldError
+
 OUTPUT_TYPES = ("pil", "latent")
 
 
@@ -44,32 +46,34 @@ class DiffusionSamplingParams:
         for name in ("latency_slo_ms", "deadline"):
             value = getattr(self, name)
             if value is not None and (not is_finite(value) or value <= 0):
-                raise ValueError(f"{name}: must be None or a positive number, got {value!r}")
+                raise FieldError(name, f"must be None or a positive number, got {value!r}")
         t = self.cache_threshold
         if t is not None and (not is_finite(t) or not 0 <= t <= 1):
-            raise ValueError(f"cache_threshold: must be None or a number in [0, 1], got {t!r}")
+            raise FieldError("cache_threshold", f"must be None or a number in [0, 1], got {t!r}")
         for name in ("height", "width"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value <= 0):
-                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+                raise FieldError(name, f"must be a positive integer, got {value!r}")
         if not is_int(self.num_inference_steps) or not 1 <= self.num_inference_steps <= 1000:
-            raise ValueError(
-                f"num_inference_steps: must be an integer in [1, 1000], "
-                f"got {self.num_inference_steps!r}"
+            raise FieldError(
+                "num_inference_steps",
+                f"must be an integer in [1, 1000], got {self.num_inference_steps!r}",
             )
         if isinstance(self.true_cfg_scale, bool) or not isinstance(
             self.true_cfg_scale, (int, float)
         ):
-            raise ValueError(f"true_cfg_scale: must be a number, got {self.true_cfg_scale!r}")
+            raise FieldError("true_cfg_scale", f"must be a number, got {self.true_cfg_scale!r}")
         if self.true_cfg_scale < 0:
-            raise ValueError(f"true_cfg_scale: must be >= 0, got {self.true_cfg_scale}")
+            raise FieldError("true_cfg_scale", f"must be >= 0, got {self.true_cfg_scale}")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
-            raise ValueError(f"negative_prompt: must be a string, got {type(self.negative_prompt)}")
+            raise FieldError(
+                "negative_prompt", f"must be a string, got {type(self.negative_prompt)}"
+            )
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise ValueError(f"seed: must be an integer in [0, 2**63), got {self.seed!r}")
+            raise FieldError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         if self.output_type not in OUTPUT_TYPES:
-            raise ValueError(
-                f"output_type: must be one of {OUTPUT_TYPES}, got {self.output_type!r}"
+            raise FieldError(
+                "output_type", f"must be one of {OUTPUT_TYPES}, got {self.output_type!r}"
             )
 
     @property
@@ -99,7 +103,9 @@ class DiffusionSamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"{unknown[0]}: unknown diffusion parameter; known: {sorted(known)}")
+            raise FieldError(
+                f"{unknown[0]}", f"unknown diffusion parameter; known: {sorted(known)}"
+            )
         return cls(**values)
 
 
@@ -111,14 +117,15 @@ def validate_image_params(
     if params is None:
         params = DiffusionSamplingParams()
     if not isinstance(params, DiffusionSamplingParams):
-        raise ValueError(
-            f"sampling_params.{stage}: an image stage takes DiffusionSamplingParams, "
-            f"got {type(params).__name__}"
+        raise FieldError(
+            f"sampling_params.{stage}",
+            f"an image stage takes DiffusionSamplingParams, got {type(params).__name__}",
         )
     if params.cache_threshold and scheduler != "step":
-        raise ValueError(
-            f"cache_threshold: residual caching needs step-level scheduling; stage "
-            f"{stage!r} runs whole requests ({scheduler!r})"
+        raise FieldError(
+            "cache_threshold",
+            f"residual caching needs step-level scheduling; stage "
+            f"{stage!r} runs whole requests ({scheduler!r})",
         )
     height, width = default_size
     deadline = params.deadline
@@ -133,8 +140,8 @@ def validate_image_params(
     )
     for name in ("height", "width"):
         if getattr(params, name) % multiple:
-            raise ValueError(
-                f"{name}: must be a multiple of {multiple}, got {getattr(params, name)}"
+            raise FieldError(
+                f"{name}", f"must be a multiple of {multiple}, got {getattr(params, name)}"
             )
     return params
 

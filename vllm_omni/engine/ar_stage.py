@@ -21,6 +21,7 @@ from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.engine.hidden_states_tap import HiddenStatesTap
 from vllm_omni.engine.kv_sizing import one_step_kv_cache_bytes
 from vllm_omni.engine.stage_processor import Generator, PromptEncoder, StageProcessor
+from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.models.registry import processors
 
@@ -63,10 +64,11 @@ class ARStage:
         if not args.get("skip_tokenizer_init") and "tokenizer" not in args:
             if Path(self.config.model).is_dir() and not _has_tokenizer(self.config.model):
                 # vLLM would start and then fail every request with "prompt cannot be empty".
-                raise ValueError(
-                    f"stages.{self.name}.tokenizer: {self.config.model} holds no tokenizer "
+                raise FieldError(
+                    f"stages.{self.name}.tokenizer",
+                    f"{self.config.model} holds no tokenizer "
                     "(tokenizer_config.json); name its folder, e.g. `tokenizer: tokenizer` for "
-                    "a diffusers pipeline's text encoder"
+                    "a diffusers pipeline's text encoder",
                 )
         if self.config.executor != "auto":
             args["distributed_executor_backend"] = self.config.executor
@@ -165,9 +167,9 @@ class ARStage:
             default = self.processor.default_params() if self.processor is not None else None
             return default if default is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(
-                f"sampling_params.{self.name}: an AR stage takes vllm.SamplingParams, "
-                f"got {type(params).__name__}"
+            raise FieldError(
+                f"sampling_params.{self.name}",
+                f"an AR stage takes vllm.SamplingParams, got {type(params).__name__}",
             )
         return params
 

@@ -205,10 +205,9 @@ class DiTStage:
             future = self._pending.get(key)
             if future is None or future.done():
                 return  # aborted meanwhile
-            if kind == "failed":
-                error_type, text = payload
-                errors = {"ValueError": ValueError, "DeadlineUnreachable": DeadlineUnreachable}
-                future.set_exception(errors.get(error_type, DiTStageError)(text))
+            if kind == "failed":  # the request's fault as raised; anything else, the stage's
+                refused = isinstance(payload, (ValueError, DeadlineUnreachable))
+                future.set_exception(payload if refused else DiTStageError(str(payload)))
             else:
                 future.set_result(payload)
 

@@ -29,6 +29,7 @@ from vllm_omni.engine.dit_stage import DiTStage
 from vllm_omni.engine.ray_ar_stage import make_ar_stage
 from vllm_omni.engine.stage_process import join_ray, leave_ray
 from vllm_omni.engine.upstream import Upstream
+from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, StageTiming
 
@@ -139,21 +140,23 @@ class OmniEngine:
             known = PROMPT_FIELDS + self.request_options
             unknown = sorted(set(prompt) - set(known))
             if unknown:
-                raise ValueError(f"prompt.{unknown[0]}: unknown field; known: {list(known)}")
+                raise FieldError(f"prompt.{unknown[0]}", f"unknown field; known: {list(known)}")
             inputs = dict(prompt)
         else:
-            raise ValueError(f"prompt: must be a string or a mapping, got {type(prompt).__name__}")
+            raise FieldError(
+                "prompt", f"must be a string or a mapping, got {type(prompt).__name__}"
+            )
         text_fields = ("prompt", "negative_prompt", *self.request_options[len(REQUEST_FIELDS) :])
         for name in text_fields:
             value = inputs.get(name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name}: must be a string, got {type(value).__name__}")
+                raise FieldError(name, f"must be a string, got {type(value).__name__}")
         if not isinstance(inputs.get("stream", False), bool):
-            raise ValueError(f"stream: must be true or false, got {inputs['stream']!r}")
+            raise FieldError("stream", f"must be true or false, got {inputs['stream']!r}")
         if inputs.get("messages") is not None:
             self._check_messages(inputs)
         elif not (inputs.get("prompt") or "").strip():
-            raise ValueError("prompt: must not be empty")
+            raise FieldError("prompt", "must not be empty")
         return inputs
 
     def _check_options_used(self, inputs: dict[str, Any], runs: list[str]) -> None:
@@ -163,9 +166,9 @@ class OmniEngine:
             if inputs.get(option) is None:
                 continue
             if not any(option in self.stages[name].request_options for name in runs):
-                raise ValueError(
-                    f"{option}: no stage of this request takes it (it asks for "
-                    f"{list(inputs['modalities'])})"
+                raise FieldError(
+                    f"{option}",
+                    f"no stage of this request takes it (it asks for {list(inputs['modalities'])})",
                 )
 
     def _check_messages(self, inputs: dict[str, Any]) -> None:
@@ -173,27 +176,27 @@ class OmniEngine:
         multimodal parsing (Qwen2.5-Omni's thinker); vLLM checks their content."""
         messages = inputs["messages"]
         if inputs.get("prompt") is not None:
-            raise ValueError("messages: give either a prompt or messages, not both")
+            raise FieldError("messages", "give either a prompt or messages, not both")
         if not isinstance(messages, list) or not messages:
-            raise ValueError("messages: must be a non-empty list of messages")
+            raise FieldError("messages", "must be a non-empty list of messages")
         for i, message in enumerate(messages):
             if not isinstance(message, Mapping) or "role" not in message:
-                raise ValueError(f"messages[{i}]: must be a mapping with a 'role'")
+                raise FieldError(f"messages[{i}]", "must be a mapping with a 'role'")
         first = [self.stages[s.name] for s in self.graph.stages if not s.sources]
         if not all(stage.takes_messages for stage in first):
-            raise ValueError("messages: this model takes a text prompt, not chat messages")
+            raise FieldError("messages", "this model takes a text prompt, not chat messages")
 
     def _modalities(self, requested: Any) -> tuple[str, ...]:
         available = self.graph.output_modalities
         if requested is None:
             return available
         if isinstance(requested, str) or not isinstance(requested, Sequence):
-            raise ValueError(f"modalities: must be a list of strings, got {requested!r}")
+            raise FieldError("modalities", f"must be a list of strings, got {requested!r}")
         for m in requested:
             if m not in available:
-                raise ValueError(f"modalities: {m!r} is not an output of this model; {available}")
+                raise FieldError("modalities", f"{m!r} is not an output of this model; {available}")
         if not requested:
-            raise ValueError("modalities: must not be empty")
+            raise FieldError("modalities", "must not be empty")
         return tuple(requested)
 
     def _params_by_stage(self, sampling_params: Any) -> dict[str, Any]:
@@ -202,14 +205,14 @@ class OmniEngine:
         if isinstance(sampling_params, Mapping):
             for name in sampling_params:
                 if name not in self.stages:
-                    raise ValueError(
-                        f"sampling_params.{name}: no such stage; stages: {list(self.stages)}"
+                    raise FieldError(
+                        f"sampling_params.{name}", f"no such stage; stages: {list(self.stages)}"
                     )
             return dict(sampling_params)
         if isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
-            raise ValueError(
-                "sampling_params: one request takes one object or a dict {stage name: params}, "
-                "not a list"
+            raise FieldError(
+                "sampling_params",
+                "one request takes one object or a dict {stage name: params}, not a list",
             )
 
         # One object: it goes to every stage of the kind it configures.
@@ -217,7 +220,7 @@ class OmniEngine:
             name for name, stage in self.stages.items() if stage.takes_params(sampling_params)
         ]
         if not targets:
-            raise ValueError(f"sampling_params: no stage takes {type(sampling_params).__name__}")
+            raise FieldError("sampling_params", f"no stage takes {type(sampling_params).__name__}")
         return {name: sampling_params for name in targets}
 
     async def generate(
@@ -240,7 +243,7 @@ class OmniEngine:
         and the partial outputs of stages that stream (StageDelta)."""
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
-            raise ValueError(f"request_id: {request_id!r} is already running")
+            raise FieldError("request_id", f"{request_id!r} is already running")
         self._requests[request_id] = asyncio.current_task()
         arrival = time.monotonic()
         timings: dict[str, StageTiming] = {}

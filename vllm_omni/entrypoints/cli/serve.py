@@ -162,6 +162,7 @@ def server_config(args: argparse.Namespace):
     the graph's AR stages are passed on to them as stage overrides."""
     from vllm_omni.config.model_defaults import resolve_stage_graph
     from vllm_omni.entrypoints.openai.api_server import ServerConfig
+    from vllm_omni.models.registry import executor_kind
 
     try:
         graph = resolve_stage_graph(
@@ -175,7 +176,7 @@ def server_config(args: argparse.Namespace):
     for stage in graph.stages:
         if args.stage_backend is not None:
             overrides[stage.name] = {"backend": args.stage_backend}
-        if stage.executor == "diffusers":
+        if stage.engine_type == "DiT" and executor_kind(stage.executor).residual_cache:
             dit = {}
             if residual_cache is not None:
                 dit["residual_cache"] = residual_cache
@@ -205,6 +206,7 @@ def server_config(args: argparse.Namespace):
         overrides[stage.name] = override
     return ServerConfig(
         model=args.model,
+        graph=graph.with_overrides(overrides),
         served_model_name=(args.served_model_name or [args.model])[0],
         api_keys=tuple(args.api_key or ()),
         max_pixels=args.max_image_pixels,

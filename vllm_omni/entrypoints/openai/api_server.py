@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm_omni.config.model_defaults import resolve_stage_graph
+from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
 from vllm_omni.entrypoints.openai import images
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
@@ -48,6 +49,9 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_request_steps: int = DEFAULT_MAX_REQUEST_STEPS
+    graph: StageGraph | None = None
+    """The resolved stage graph (`vllm serve` resolves it once); None: resolved from the fields
+    below when the app is built."""
     stage_configs: Any = None
     stage_overrides: Mapping[str, Any] | None = None
     revision: str | None = None
@@ -77,17 +81,18 @@ class APIKeyMiddleware:
 def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI:
     """The FastAPI app; it starts the stage graph on startup unless `omni` is given."""
     metrics = OmniMetrics()
-    graph = (
-        omni.graph
-        if omni is not None
-        else resolve_stage_graph(
+    if omni is not None:
+        graph = omni.graph
+    elif config.graph is not None:
+        graph = config.graph
+    else:
+        graph = resolve_stage_graph(
             config.model,
             config.stage_configs,
             config.stage_overrides,
             revision=config.revision,
             download_dir=config.download_dir,
         )
-    )
     server = OmniServer(config, metrics, graph, omni)
 
     @asynccontextmanager

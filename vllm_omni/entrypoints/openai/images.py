@@ -28,10 +28,10 @@ from vllm_omni.entrypoints.openai.protocol import (
 from vllm_omni.entrypoints.openai.server_utils import (
     ClientDisconnected,
     OmniServer,
-    bad_request,
     cancel_on_disconnect,
-    field_of,
+    client_error,
 )
+from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -46,7 +46,7 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
             prepared = [omni.prepare(prompt, p) for p in params]  # fail before running anything
         except ValueError as e:
             server.metrics.requests.labels(endpoint, "rejected").inc()
-            return None, bad_request(str(e), field_of(str(e)))
+            return None, client_error(e)
         jobs = [omni.run_prepared(*x) for x in prepared]
         try:
             return await cancel_on_disconnect(request, asyncio.gather(*jobs)), None
@@ -62,7 +62,7 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
             return None, JSONResponse(body, 429)
         except ValueError as e:
             server.metrics.requests.labels(endpoint, "rejected").inc()
-            return None, bad_request(str(e), field_of(str(e)))
+            return None, client_error(e)
         except Exception as e:  # a stage failed: report it, keep serving
             logger.exception("image request failed")
             server.metrics.requests.labels(endpoint, "failed").inc()
@@ -138,22 +138,24 @@ def _diffusion_params(
     if size is not None:
         width, height = size
         if width * height > config.max_pixels:
-            raise ValueError(
-                f"size: {width}x{height} is {width * height} pixels; the limit is "
-                f"{config.max_pixels} (--max-image-pixels)"
+            raise FieldError(
+                "size",
+                f"{width}x{height} is {width * height} pixels; the limit is "
+                f"{config.max_pixels} (--max-image-pixels)",
             )
         multiple = size_multiple(omni)
         if width % multiple or height % multiple or not width or not height:
-            raise ValueError(f"size: width and height must be positive multiples of {multiple}")
+            raise FieldError("size", f"width and height must be positive multiples of {multiple}")
         kwargs.update(width=width, height=height)
     if body.num_inference_steps is not None:
         kwargs["num_inference_steps"] = body.num_inference_steps
     steps = body.num_inference_steps or DiffusionSamplingParams.num_inference_steps
     if body.n * steps > config.max_request_steps:
         field = "n" if body.num_inference_steps is None else "num_inference_steps"
-        raise ValueError(
-            f"{field}: n x num_inference_steps is {body.n} x {steps} = {body.n * steps}; the "
-            f"limit is {config.max_request_steps} per request (--max-request-steps)"
+        raise FieldError(
+            f"{field}",
+            f"n x num_inference_steps is {body.n} x {steps} = {body.n * steps}; the "
+            f"limit is {config.max_request_steps} per request (--max-request-steps)",
         )
     if body.true_cfg_scale is not None:
         kwargs["true_cfg_scale"] = body.true_cfg_scale

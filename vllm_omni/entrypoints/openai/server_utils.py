@@ -18,6 +18,7 @@ from vllm_omni.engine.omni_engine import StageEvent
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
 from vllm_omni.entrypoints.openai.protocol import error_body
+from vllm_omni.errors import FieldError
 
 DISCONNECT_POLL_S = 0.5
 
@@ -80,16 +81,12 @@ def is_client_error(error: object) -> bool:
 
 
 def client_error(error: Exception) -> JSONResponse:
-    """A 400 for a request's fault: our ValueErrors name their field first; vLLM's validation
-    errors (raised in the engine, e.g. out-of-vocabulary `stop_token_ids`) carry it."""
+    """A 400 for a request's fault, `param` naming the field: a FieldError's, or the parameter
+    of vLLM's validation errors (raised in the engine, e.g. out-of-vocabulary
+    `stop_token_ids`)."""
     if isinstance(error, VLLMValidationError) and error.parameter:
         return bad_request(f"{error.parameter}: {error.args[0]}", error.parameter)
-    return bad_request(str(error), field_of(str(error)))
-
-
-def field_of(message: str) -> str | None:
-    head = message.split(":", 1)[0]
-    return head if head and " " not in head else None
+    return bad_request(str(error), error.field if isinstance(error, FieldError) else None)
 
 
 def bad_request(message: str, param: str | None) -> JSONResponse:

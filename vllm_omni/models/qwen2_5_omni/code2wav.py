@@ -33,6 +33,7 @@ from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
+from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.models.qwen2_5_omni.block_attention import use_block_band_attention
 from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
@@ -81,7 +82,7 @@ def load_token2wav(folder: str | Path, device: torch.device):
     config = Qwen2_5OmniConfig.from_pretrained(folder).token2wav_config
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"model: no *.safetensors in {str(folder)!r}")
+        raise FieldError("model", f"no *.safetensors in {str(folder)!r}")
     state = {}
     for file in files:
         # Only the token2wav tensors are read: a real checkpoint's thinker is ~7B parameters.
@@ -90,7 +91,7 @@ def load_token2wav(folder: str | Path, device: torch.device):
                 if name.startswith(WEIGHT_PREFIX):
                     state[name[len(WEIGHT_PREFIX) :]] = f.get_tensor(name)
     if not state:
-        raise ValueError(f"model: no '{WEIGHT_PREFIX}*' weights in {str(folder)!r}")
+        raise FieldError("model", f"no '{WEIGHT_PREFIX}*' weights in {str(folder)!r}")
     model = Qwen2_5OmniToken2WavModel(config)
     model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=torch.float32).eval()
@@ -99,12 +100,12 @@ def load_token2wav(folder: str | Path, device: torch.device):
 def load_voices(folder: str | Path) -> dict[str, dict[str, object]]:
     path = Path(folder) / SPEAKER_FILE
     if not path.is_file():
-        raise ValueError(f"model: {str(path)!r} is missing (Qwen2.5-Omni's voices)")
+        raise FieldError("model", f"{str(path)!r} is missing (Qwen2.5-Omni's voices)")
     voices = torch.load(path, weights_only=True)
     for name, voice in voices.items():
         for key in ("cond", "ref_mel"):
             if key not in voice:
-                raise ValueError(f"{SPEAKER_FILE}: voice {name!r} has no {key!r}")
+                raise FieldError(SPEAKER_FILE, f"voice {name!r} has no {key!r}")
     return voices
 
 
@@ -126,7 +127,7 @@ def chunk_windows(
         ("first", first, 1),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+            raise FieldError(name, f"must be an integer >= {low}, got {value!r}")
     windows, keep_start = [], 0
     while keep_start < num_codes:
         keep_end = min(num_codes, keep_start + (first if keep_start == 0 else chunk))
@@ -154,7 +155,7 @@ def _sample_mel(
     frames = codes.shape[1] * dit.repeats
     if noise.shape != (codes.shape[0], frames, dit.mel_dim):
         expected = (codes.shape[0], frames, dit.mel_dim)
-        raise ValueError(f"noise: expected shape {expected}, got {noise.shape}")
+        raise FieldError("noise", f"expected shape {expected}, got {noise.shape}")
     conditioning = conditioning.unsqueeze(1).repeat(1, frames, 1)  # one per mel frame
     guided = guidance_scale >= 1e-5  # sample()'s threshold for classifier-free guidance
 
@@ -187,9 +188,10 @@ class Code2WavExecutor:
 
     def __init__(self, config: DiTConfig, cache: DiTCacheManager) -> None:
         if config.dtype not in ("auto", "float32"):
-            raise ValueError(
-                f"dtype: the code2wav executor runs in float32 (as transformers' token2wav "
-                f"does), got {config.dtype!r}"
+            raise FieldError(
+                "dtype",
+                f"the code2wav executor runs in float32 (as transformers' token2wav "
+                f"does), got {config.dtype!r}",
             )
         self.config = config
         self.cache = cache
@@ -213,9 +215,10 @@ class Code2WavExecutor:
         # The DiT's block attention numbers its blocks from frame 0 of its input: a window
         # must start on a block boundary of the whole sequence to see the same blocks.
         if dit.block_size % dit.repeats:
-            raise ValueError(
-                f"block_size: the DiT's block ({dit.block_size} frames) must hold whole codec "
-                f"tokens ({dit.repeats} frames each) for windowed decoding"
+            raise FieldError(
+                "block_size",
+                f"the DiT's block ({dit.block_size} frames) must hold whole codec "
+                f"tokens ({dit.repeats} frames each) for windowed decoding",
             )
         self.window_align = dit.block_size // dit.repeats
         self.num_codes = dit.num_embeds + 1  # the DiT's codec table has num_embeds + 1 rows
@@ -248,27 +251,29 @@ class Code2WavExecutor:
         """Reject at admission what would fail mid-step (and fail the step's other requests)."""
         p = request.params
         if not isinstance(p, Code2WavParams):
-            raise ValueError(
-                f"sampling_params: the code2wav stage takes Code2WavParams, got {type(p).__name__}"
+            raise FieldError(
+                "sampling_params",
+                f"the code2wav stage takes Code2WavParams, got {type(p).__name__}",
             )
         if p.voice not in self.voices:
-            raise ValueError(f"voice: unknown voice {p.voice!r}; known: {sorted(self.voices)}")
+            raise FieldError("voice", f"unknown voice {p.voice!r}; known: {sorted(self.voices)}")
         codes = request.inputs.get(CODEC_TOKENS)
         if codes is None:
-            raise ValueError(f"inputs: the code2wav stage needs {CODEC_TOKENS!r}")
+            raise FieldError("inputs", f"the code2wav stage needs {CODEC_TOKENS!r}")
         if codes.dim() != 1 or codes.dtype.is_floating_point or codes.dtype == torch.bool:
-            raise ValueError(
-                f"{CODEC_TOKENS}: must be a 1-D integer tensor, got {codes.dtype} "
-                f"of shape {tuple(codes.shape)}"
+            raise FieldError(
+                f"{CODEC_TOKENS}",
+                f"must be a 1-D integer tensor, got {codes.dtype} of shape {tuple(codes.shape)}",
             )
         if codes.numel() > self.max_codec_tokens:
-            raise ValueError(
-                f"{CODEC_TOKENS}: at most {self.max_codec_tokens} tokens, got {codes.numel()}"
+            raise FieldError(
+                f"{CODEC_TOKENS}", f"at most {self.max_codec_tokens} tokens, got {codes.numel()}"
             )
         if codes.numel() and not (0 <= int(codes.min()) and int(codes.max()) < self.num_codes):
-            raise ValueError(
-                f"{CODEC_TOKENS}: ids must be in [0, {self.num_codes}), got "
-                f"[{int(codes.min())}, {int(codes.max())}] (cut the codes at the first eos)"
+            raise FieldError(
+                f"{CODEC_TOKENS}",
+                f"ids must be in [0, {self.num_codes}), got "
+                f"[{int(codes.min())}, {int(codes.max())}] (cut the codes at the first eos)",
             )
         self._check_window(p, codes.numel())
 
@@ -276,19 +281,21 @@ class Code2WavExecutor:
         windowed = p.window_start > 0 or p.keep is not None
         if windowed and p.seed is None:
             # Each window must draw the noise the whole decode would: the same seed.
-            raise ValueError("seed: windowed decoding (window_start / keep) needs a seed")
+            raise FieldError("seed", "windowed decoding (window_start / keep) needs a seed")
         if p.window_start % self.window_align:
-            raise ValueError(
-                f"window_start: must be a multiple of {self.window_align} codes (the DiT's "
-                f"attention block), got {p.window_start}"
+            raise FieldError(
+                "window_start",
+                f"must be a multiple of {self.window_align} codes (the DiT's "
+                f"attention block), got {p.window_start}",
             )
         if p.window_start + num_codes > self.max_codec_tokens:
-            raise ValueError(
-                f"window_start: the window [{p.window_start}, {p.window_start + num_codes}) "
-                f"ends past the {self.max_codec_tokens} codec tokens a request may have"
+            raise FieldError(
+                "window_start",
+                f"the window [{p.window_start}, {p.window_start + num_codes}) "
+                f"ends past the {self.max_codec_tokens} codec tokens a request may have",
             )
         if p.keep is not None and p.keep[1] > num_codes:
-            raise ValueError(f"keep: {p.keep} reaches past the window's {num_codes} codes")
+            raise FieldError("keep", f"{p.keep} reaches past the window's {num_codes} codes")
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         codes = request.inputs.get(CODEC_TOKENS)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_omni.diffusion.executor_kind import Emit, ExecutorKind, StageInfo, as_tensor
+from vllm_omni.errors import FieldError
 from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
 
 
@@ -30,7 +31,7 @@ class Code2WavKind(ExecutorKind):
         from vllm_omni.models.qwen2_5_omni.code2wav import Code2WavExecutor
 
         if pipe is not None:
-            raise ValueError("pipe: the code2wav executor loads its own model")
+            raise FieldError("pipe", "the code2wav executor loads its own model")
         return Code2WavExecutor(config, cache)
 
     def apply_options(self, params: Any, inputs: Mapping[str, Any]) -> Any:
@@ -41,12 +42,12 @@ class Code2WavKind(ExecutorKind):
         if params is None:
             params = Code2WavParams()
         if not isinstance(params, Code2WavParams):
-            raise ValueError(
-                f"sampling_params.{stage}: a code2wav stage takes Code2WavParams, "
-                f"got {type(params).__name__}"
+            raise FieldError(
+                f"sampling_params.{stage}",
+                f"a code2wav stage takes Code2WavParams, got {type(params).__name__}",
             )
         if params.voice not in info.voices:
-            raise ValueError(f"voice: unknown voice {params.voice!r}; known: {list(info.voices)}")
+            raise FieldError("voice", f"unknown voice {params.voice!r}; known: {list(info.voices)}")
         if params.seed is None:
             params = replace(params, seed=random.randrange(2**63))
         return params

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from vllm_omni.diffusion.params import is_finite, is_int
+from vllm_omni.errors import FieldError
 
 
 @dataclass(frozen=True)
@@ -39,22 +40,24 @@ class Code2WavParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.voice, str) or not self.voice:
-            raise ValueError(f"voice: must be a non-empty string, got {self.voice!r}")
+            raise FieldError("voice", f"must be a non-empty string, got {self.voice!r}")
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise ValueError(f"seed: must be an integer in [0, 2**63), got {self.seed!r}")
+            raise FieldError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         # One step would return the initial noise itself: the solver needs two time points.
         if not is_int(self.num_steps) or not 2 <= self.num_steps <= 1000:
-            raise ValueError(f"num_steps: must be an integer in [2, 1000], got {self.num_steps!r}")
+            raise FieldError(
+                "num_steps", f"must be an integer in [2, 1000], got {self.num_steps!r}"
+            )
         if not is_finite(self.guidance_scale) or self.guidance_scale < 0:
-            raise ValueError(
-                f"guidance_scale: must be a finite number >= 0, got {self.guidance_scale!r}"
+            raise FieldError(
+                "guidance_scale", f"must be a finite number >= 0, got {self.guidance_scale!r}"
             )
         if not is_finite(self.sway_coefficient):
-            raise ValueError(
-                f"sway_coefficient: must be a finite number, got {self.sway_coefficient!r}"
+            raise FieldError(
+                "sway_coefficient", f"must be a finite number, got {self.sway_coefficient!r}"
             )
         if not is_int(self.window_start) or self.window_start < 0:
-            raise ValueError(f"window_start: must be an integer >= 0, got {self.window_start!r}")
+            raise FieldError("window_start", f"must be an integer >= 0, got {self.window_start!r}")
         if self.keep is not None:
             keep = self.keep
             if (
@@ -63,9 +66,10 @@ class Code2WavParams:
                 or not all(is_int(k) for k in keep)
                 or not 0 <= keep[0] < keep[1]
             ):
-                raise ValueError(
-                    f"keep: must be None or two integers (start, end) with 0 <= start < end, "
-                    f"got {keep!r}"
+                raise FieldError(
+                    "keep",
+                    f"must be None or two integers (start, end) with 0 <= start < end, "
+                    f"got {keep!r}",
                 )
             # A JSON body gives a list: store the tuple, so that equal params compare equal.
             object.__setattr__(self, "keep", tuple(keep))
@@ -89,5 +93,5 @@ class Code2WavParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"{unknown[0]}: unknown code2wav parameter; known: {sorted(known)}")
+            raise FieldError(unknown[0], f"unknown code2wav parameter; known: {sorted(known)}")
         return cls(**values)

@@ -48,6 +48,7 @@ from vllm_omni.entrypoints.openai.server_utils import (
     is_client_error,
     next_output,
 )
+from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -161,7 +162,7 @@ class SpeechChatRequest(StrictBody):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
         if self.min_tokens and kwargs["max_tokens"] and self.min_tokens > kwargs["max_tokens"]:
-            raise ValueError(f"min_tokens: must be at most max_tokens ({kwargs['max_tokens']})")
+            raise FieldError("min_tokens", f"must be at most max_tokens ({kwargs['max_tokens']})")
         params: dict[str, Any] = {"thinker": SamplingParams(**kwargs)}
         if self.seed is not None and "talker" in stages:
             params["talker"] = SamplingParams(

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from vllm_omni.engine.stage_processor import Generator
+from vllm_omni.errors import FieldError
 
 DEFAULT_VOICE = "Chelsie"
 TALKER_HOOK = "qwen25_omni_talker"
@@ -81,7 +82,7 @@ def thinker_embedding_rows(folder: Path, token_ids: list[int]) -> torch.Tensor:
             if name in f.keys():
                 table = f.get_slice(name)
                 return torch.stack([table[i : i + 1][0] for i in token_ids])
-    raise ValueError(f"model: no {name} in {folder}")
+    raise FieldError("model", f"no {name} in {folder}")
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ class TalkerGenerator(Generator):
         if requested is None:
             return DEFAULT_VOICE if DEFAULT_VOICE in voices else voices[0]
         if requested not in voices:
-            raise ValueError(f"voice: unknown voice {requested!r}; known: {voices}")
+            raise FieldError("voice", f"unknown voice {requested!r}; known: {voices}")
         return requested
 
     async def run(

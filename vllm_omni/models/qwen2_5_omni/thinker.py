@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from vllm_omni.engine.stage_processor import Generator
+from vllm_omni.errors import FieldError
 
 
 class ThinkerGenerator(Generator):
@@ -76,5 +77,5 @@ async def render_chat(engine, messages: list[dict[str, Any]]) -> dict[str, Any]:
     try:
         _, prompt = await engine.renderer.render_messages_async(messages, params)
     except Exception as e:  # vLLM raises several kinds for bad content; all are the client's
-        raise ValueError(f"messages: {e}") from None
+        raise FieldError("messages", f"{e}") from None
     return prompt

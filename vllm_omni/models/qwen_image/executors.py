@@ -19,6 +19,7 @@ from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
+from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
 from vllm_omni.models.qwen_image.model_runner import (
@@ -153,7 +154,7 @@ class VAEDecoderExecutor:
 
     def check_request(self, request: DiTRequest) -> None:
         if "latents" not in request.inputs:
-            raise ValueError("inputs: the VAE decoder stage needs 'latents'")
+            raise FieldError("inputs", "the VAE decoder stage needs 'latents'")
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         return sum(t.numel() * t.element_size() for t in request.inputs.values())

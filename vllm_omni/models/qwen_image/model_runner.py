@@ -21,6 +21,7 @@ import torch
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.residual_cache import POLICY, ResidualCacheConfig, RowGroup
+from vllm_omni.errors import FieldError
 from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
 from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
 
@@ -95,9 +96,9 @@ class DiffusionModelRunner:
             if name in request.inputs and (name == PROMPT_EMBEDS or p.do_cfg):
                 tensors[name] = as_batch(request.inputs[name]).to(self.device, self.dtype)
         if PROMPT_EMBEDS not in tensors:
-            raise ValueError(f"inputs: the DiT stage needs {PROMPT_EMBEDS!r}")
+            raise FieldError("inputs", f"the DiT stage needs {PROMPT_EMBEDS!r}")
         if p.do_cfg and NEGATIVE_PROMPT_EMBEDS not in tensors:
-            raise ValueError(f"inputs: guidance needs {NEGATIVE_PROMPT_EMBEDS!r}")
+            raise FieldError("inputs", f"guidance needs {NEGATIVE_PROMPT_EMBEDS!r}")
         self.cache.allocate(
             request.request_id, tensors, sampler=sampler, step=0, **{POLICY: self.policy(p)}
         )
@@ -108,9 +109,9 @@ class DiffusionModelRunner:
         if threshold is None:
             return self.residual_cache
         if threshold > 0 and self.cached_forward is None:
-            raise ValueError(
-                f"cache_threshold: {type(self.pipe.transformer).__name__} does not support "
-                "residual caching"
+            raise FieldError(
+                "cache_threshold",
+                f"{type(self.pipe.transformer).__name__} does not support residual caching",
             )
         return (self.residual_cache or ResidualCacheConfig()).with_threshold(threshold)
 
