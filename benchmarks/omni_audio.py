@@ -88,7 +88,7 @@ def omni_params(args, seed: int) -> dict[str, Any]:
 def first_audio(omni, text: str, args, stream: bool) -> tuple[float, float]:
     """Seconds from submission to the first audio (a streamed chunk, or the whole reply), and
     to the end."""
-    from vllm_omni.engine.omni_engine import StageDelta
+    from vllm_omni.engine.request_run import StageDelta
 
     async def run():
         inputs, params = omni.engine.prepare(

@@ -14,7 +14,7 @@ from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.engine_core import DiffusionEngineCore
 from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.engine.dit_stage import DiTStage
+from vllm_omni.engine.process_stage import ProcessStage
 from vllm_omni.models.qwen2_5_omni import tiny as tiny_omni
 from vllm_omni.models.qwen2_5_omni.code2wav import (
     CODEC_TOKENS,
@@ -186,7 +186,7 @@ def test_cpu_stage_decodes_on_one_thread_one_request_at_a_time(omni_dir) -> None
             executor="code2wav",
             dit={"device": "cpu", **settings},
         )
-        return DiTStage(config).dit_config
+        return ProcessStage(config).dit_config
 
     assert (dit().num_threads, dit().max_num_seqs) == (1, 1)
     chosen = dit(num_threads=2, max_num_seqs=4)  # the stage config wins
@@ -377,7 +377,7 @@ async def _stage_scenario(omni_dir: str, executor: Code2WavExecutor) -> None:
         executor="code2wav",
         dit={"device": "cpu", "num_threads": torch.get_num_threads()},
     )
-    stage = DiTStage(config)
+    stage = ProcessStage(config)
     await stage.start()
     try:
         assert stage.info.voices == tuple(sorted(tiny_omni.SPEAKERS))

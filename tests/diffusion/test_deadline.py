@@ -200,7 +200,7 @@ def test_refusal_crosses_the_process_boundary_as_its_own_error() -> None:
 
     from vllm_omni.config.stage_config import StageConfig
     from vllm_omni.diffusion.engine_core import _handle
-    from vllm_omni.engine.dit_stage import DiTStage
+    from vllm_omni.engine.process_stage import ProcessStage
 
     class RefusingCore:
         def add_request(self, *args):
@@ -218,7 +218,7 @@ def test_refusal_crosses_the_process_boundary_as_its_own_error() -> None:
         "latency_slo_ms: cannot be met",
     )
 
-    stage = DiTStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
+    stage = ProcessStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()
@@ -261,7 +261,7 @@ def test_a_field_error_crosses_the_process_boundary_with_its_field() -> None:
 
     from vllm_omni.config.stage_config import StageConfig
     from vllm_omni.diffusion.engine_core import _handle
-    from vllm_omni.engine.dit_stage import DiTStage
+    from vllm_omni.engine.process_stage import ProcessStage
     from vllm_omni.errors import FieldError
 
     class RefusingCore:
@@ -271,7 +271,7 @@ def test_a_field_error_crosses_the_process_boundary_with_its_field() -> None:
     outbox = queue.Queue()
     assert _handle(RefusingCore(), ("add", "r1", ({}, DiffusionSamplingParams())), outbox)
     message = pickle.loads(pickle.dumps(outbox.get_nowait()))
-    stage = DiTStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
+    stage = ProcessStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()

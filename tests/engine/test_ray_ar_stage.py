@@ -18,8 +18,8 @@ import torch
 from vllm_omni import OmniLLM
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.engine import stage_process
-from vllm_omni.engine.omni_engine import StageDelta
 from vllm_omni.engine.ray_ar_stage import ARStageError, RayARStage
+from vllm_omni.engine.request_run import StageDelta
 
 from ..entrypoints.test_qwen25_omni import (
     PROMPT,

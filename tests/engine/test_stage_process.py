@@ -48,7 +48,7 @@ def _stage_actors() -> list[str]:
 def test_stages_on_ray_match_diffusers_and_fail_fast(tiny_models, ray_cluster):
     import ray
 
-    from vllm_omni.engine.dit_stage import DiTStageError
+    from vllm_omni.engine.process_stage import ProcessStageError
 
     model = tiny_models["qwen-image"]
     omni = OmniLLM(
@@ -82,7 +82,7 @@ def test_stages_on_ray_match_diffusers_and_fail_fast(tiny_models, ray_cluster):
             ray.kill(dit._process.actor)
             return await asyncio.wait_for(task, 30)
 
-        with pytest.raises(DiTStageError, match="Ray actor died"):
+        with pytest.raises(ProcessStageError, match="Ray actor died"):
             omni._call(doomed())
         assert omni.engine.dead_stages() == ["dit"]
     finally:

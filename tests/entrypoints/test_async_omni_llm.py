@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from vllm_omni import AsyncOmniLLM, DiffusionSamplingParams
-from vllm_omni.engine.dit_stage import DiTStageError
-from vllm_omni.engine.omni_engine import StageEvent
+from vllm_omni.engine.process_stage import ProcessStageError
+from vllm_omni.engine.request_run import StageEvent
 from vllm_omni.entrypoints.async_omni_llm import RequestFinished
 
 pytestmark = pytest.mark.engine
@@ -58,7 +58,7 @@ async def _scenario(model) -> None:
         doomed = asyncio.create_task(omni.generate("doomed", slow))
         await asyncio.sleep(1.0)
         os.kill(omni.engine.stages["dit"].pid, signal.SIGKILL)
-        with pytest.raises(DiTStageError, match="process died"):
+        with pytest.raises(ProcessStageError, match="process died"):
             await asyncio.wait_for(doomed, 30)
         assert omni.engine.dead_stages() == ["dit"]
     finally:

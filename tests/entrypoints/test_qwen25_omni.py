@@ -225,7 +225,7 @@ peak: a chunk sees only its window of codes (tests/diffusion/test_code2wav.py me
 
 
 def test_streamed_request_speaks_while_the_thinker_writes(omni):
-    from vllm_omni.engine.omni_engine import StageDelta
+    from vllm_omni.engine.request_run import StageDelta
 
     prompt = {"prompt": PROMPT, "voice": "Chelsie"}
     params = stage_params()

@@ -65,7 +65,7 @@ class StageConfig:
     final_output: bool = False
     stream_input: bool = False
     """Start as soon as the (single) source starts, reading its partial outputs as they come
-    (`inputs["upstream"]`, see vllm_omni.engine.upstream), instead of after it finishes."""
+    (`inputs["upstream"]`, see vllm_omni.engine.stage_stream), instead of after it finishes."""
     backend: str = "local"
     """Where the stage computes: `local` (processes on this machine) or `ray` (the stage in a Ray
     actor placed by `resources`: a DiT stage's loop, or an AR stage's whole vLLM engine with its

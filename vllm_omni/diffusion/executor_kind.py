@@ -137,7 +137,7 @@ class ExecutorKind:
     async def stream(
         self, stage: Any, request_id: str, upstream: Any, params: Any, emit: Emit | None
     ) -> dict[str, Any]:
-        """Consume the source's stream (vllm_omni.engine.upstream), submitting work to `stage`
+        """Consume the source's stream (vllm_omni.engine.stage_stream), submitting work to `stage`
         (its `submit(request_id, inputs, params)`) as it goes; emit partial outputs."""
         raise NotImplementedError(f"executor {self.name!r} does not stream its input")
 

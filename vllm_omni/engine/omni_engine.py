@@ -18,17 +18,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from vllm.plugins import load_general_plugins
 
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.engine.ar_stage import ARStage
-from vllm_omni.engine.dit_stage import DiTStage
+from vllm_omni.engine.process_stage import ProcessStage
 from vllm_omni.engine.ray_ar_stage import make_ar_stage
+from vllm_omni.engine.request_run import OnEvent, RequestRun
 from vllm_omni.engine.stage_process import join_ray, leave_ray
-from vllm_omni.engine.upstream import Upstream
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, StageTiming
@@ -41,33 +40,14 @@ REQUEST_FIELDS = ("modalities", "stream")
 sees the request's options among its inputs."""
 
 
-@dataclass(frozen=True)
-class StageEvent:
-    """Progress of one request: `stage` has `started` or `finished` it, at monotonic `time`."""
-
-    request_id: str
-    stage: str
-    status: str
-    time: float
-
-
-@dataclass(frozen=True)
-class StageDelta:
-    """Partial output of a stage while it runs, e.g. {"text": "Hel"} from a generating stage."""
-
-    request_id: str
-    stage: str
-    data: dict[str, Any]
-    time: float
-
-
 class OmniEngine:
     def __init__(self, graph: StageGraph) -> None:
         self.graph = graph
-        self.stages: dict[str, ARStage | DiTStage] = {
-            s.name: make_ar_stage(s) if s.engine_type == "AR" else DiTStage(s) for s in graph.stages
+        self.stages: dict[str, ARStage | ProcessStage] = {
+            s.name: make_ar_stage(s) if s.engine_type == "AR" else ProcessStage(s)
+            for s in graph.stages
         }
-        self._slots = {s.name: asyncio.Semaphore(s.max_inflight) for s in graph.stages}
+        self.slots = {s.name: asyncio.Semaphore(s.max_inflight) for s in graph.stages}
         self._requests: dict[str, asyncio.Task] = {}
         self.output_processor = MultimodalOutputProcessor()
         self.counters = {"finished": 0, "failed": 0, "aborted": 0}
@@ -124,11 +104,11 @@ class OmniEngine:
         shared: dict[type, Any] = {}  # process stages given nothing share the first one's
         for name in runs:
             stage, p = self.stages[name], given.get(name)
-            if isinstance(stage, DiTStage) and p is None and stage.kind.params_type in shared:
+            if isinstance(stage, ProcessStage) and p is None and stage.kind.params_type in shared:
                 params[name] = shared[stage.kind.params_type]
                 continue
             params[name] = stage.validate(p, inputs)
-            if isinstance(stage, DiTStage):
+            if isinstance(stage, ProcessStage):
                 shared.setdefault(stage.kind.params_type, params[name])
             inputs.update(stage.prompt_inputs(params[name]))
         return inputs, params
@@ -237,7 +217,7 @@ class OmniEngine:
         inputs: dict[str, Any],
         params: dict[str, Any],
         request_id: str | None = None,
-        on_event: Callable[[StageEvent | StageDelta], None] | None = None,
+        on_event: OnEvent | None = None,
     ) -> OmniRequestOutput:
         """Run a request validated by `prepare`; `on_event` hears each stage start and finish,
         and the partial outputs of stages that stream (StageDelta)."""
@@ -246,64 +226,9 @@ class OmniEngine:
             raise FieldError("request_id", f"{request_id!r} is already running")
         self._requests[request_id] = asyncio.current_task()
         arrival = time.monotonic()
-        timings: dict[str, StageTiming] = {}
-        tasks: dict[str, asyncio.Task] = {}
-        upstreams: dict[str, Upstream] = {}  # streaming stage -> what it reads
-        listeners: dict[str, list[Upstream]] = {}  # source stage -> the streams it feeds
-        for name in params:
-            config = self.graph[name]
-            if config.stream_input and inputs.get("stream"):
-                edges = {key: source.split(".")[1] for key, source in config.inputs.items()}
-                upstreams[name] = Upstream(edges)
-                listeners.setdefault(config.sources[0], []).append(upstreams[name])
-
-        async def run_stage(stage_name: str) -> dict[str, Any]:
-            config = self.graph[stage_name]
-            if stage_name in upstreams:  # starts with its source, reads it as it goes
-                stage_inputs = {k: inputs[k] for k in self.request_options if k in inputs}
-                stage_inputs["upstream"] = upstreams[stage_name]
-            elif config.sources:
-                done = dict(
-                    zip(config.sources, await asyncio.gather(*(tasks[s] for s in config.sources)))
-                )
-                stage_inputs = {k: inputs[k] for k in self.request_options if k in inputs}
-                for key, source in config.inputs.items():
-                    src, tensor = source.split(".")
-                    if tensor in done[src]:  # optional edges (e.g. no negative prompt)
-                        stage_inputs[key] = done[src][tensor]
-            else:
-                stage_inputs = inputs
-            queued = time.monotonic()
-            async with self._slots[stage_name]:
-                start = time.monotonic()
-                if on_event is not None:
-                    on_event(StageEvent(request_id, stage_name, "started", start))
-                streams = listeners.get(stage_name, [])
-                emit = None
-                if on_event is not None or streams:
-
-                    def emit(data: dict[str, Any], name: str = stage_name) -> None:
-                        for stream in streams:
-                            stream.put(data)
-                        if on_event is not None:
-                            on_event(StageDelta(request_id, name, data, time.monotonic()))
-
-                out = await self.stages[stage_name].run(
-                    request_id, stage_inputs, params[stage_name], emit
-                )
-                for stream in streams:
-                    stream.put(out, final=True)
-            timings[stage_name] = StageTiming(queued, start, time.monotonic())
-            for listener in self.timing_listeners:
-                listener(stage_name, timings[stage_name])
-            if on_event is not None:
-                on_event(StageEvent(request_id, stage_name, "finished", timings[stage_name].end))
-            return out
-
+        run = RequestRun(self, request_id, inputs, params, on_event)
         try:
-            for name in params:  # the stages this request runs, in topological order
-                tasks[name] = asyncio.create_task(run_stage(name))
-            await asyncio.gather(*tasks.values())
+            outputs = await run.run()
         except asyncio.CancelledError:
             self.counters["aborted"] += 1
             raise
@@ -311,20 +236,19 @@ class OmniEngine:
             self.counters["failed"] += 1
             raise
         finally:
-            for task in tasks.values():
-                task.cancel()
             self._requests.pop(request_id, None)
         self.counters["finished"] += 1
         seed = next(  # the first process stage's: the seed that reproduces the output
-            (p.seed for n, p in params.items() if isinstance(self.stages[n], DiTStage)), None
+            (p.seed for n, p in params.items() if isinstance(self.stages[n], ProcessStage)), None
         )
+        final = {s.name: outputs[s.name] for s in self.graph.final_stages if s.name in outputs}
         return self.output_processor.process(
             request_id,
             inputs.get("prompt"),
-            {s.name: tasks[s.name].result() for s in self.graph.final_stages if s.name in tasks},
-            {name: task.result() for name, task in tasks.items()},
+            final,
+            outputs,
             seed=seed,
-            stage_timings=timings,
+            stage_timings=run.timings,
             arrival=arrival,
             finished=time.monotonic(),
         )

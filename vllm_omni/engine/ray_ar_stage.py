@@ -31,7 +31,7 @@ from typing import Any
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.engine.ar_stage import ENGINE_SHUTDOWN_TIMEOUT_S, ARStage
 from vllm_omni.engine.stage_process import actor_location, actor_options, join_ray, wait_placed
-from vllm_omni.engine.upstream import Upstream
+from vllm_omni.engine.stage_stream import StageStream
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -72,7 +72,7 @@ class ARStageActor:
 
     def __init__(self, config: StageConfig) -> None:
         self.stage = ARStage(config)
-        self._feeds: dict[str, Upstream] = {}
+        self._feeds: dict[str, StageStream] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         # Requests that have ended: an upstream item still on its way for one is dropped.
         self._done: OrderedDict[str, None] = OrderedDict()
@@ -131,12 +131,12 @@ class ARStageActor:
             task.cancel()
             self._end(request_id)
 
-    def _feed(self, request_id: str) -> Upstream:
-        # Items come renamed by the orchestrator's Upstream: passed on as they are. The first
+    def _feed(self, request_id: str) -> StageStream:
+        # Items come renamed by the orchestrator's StageStream: passed on as they are. The first
         # may come before the request itself.
         if request_id not in self._feeds:
             names = self.stage.config.inputs
-            self._feeds[request_id] = Upstream({name: name for name in names})
+            self._feeds[request_id] = StageStream({name: name for name in names})
         return self._feeds[request_id]
 
     def _end(self, request_id: str) -> None:

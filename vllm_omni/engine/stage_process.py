@@ -117,7 +117,7 @@ class LocalStageProcess:
         self._process = ctx.Process(
             target=run_dit_stage,
             args=(config, mode, executor, self.inbox, self.outbox),
-            name=f"DiTStage-{name}",
+            name=f"ProcessStage-{name}",
             daemon=True,
         )
         self._process.start()
@@ -172,7 +172,7 @@ class _Inbox:
         return self.get(block=False)
 
 
-class DiTStageActor:
+class ProcessStageActor:
     """The Ray actor a DiT stage runs in (wrapped by `ray.remote` at placement)."""
 
     def ready(self) -> dict[str, Any]:
@@ -203,7 +203,7 @@ class RayStageProcess:
         options = actor_options(name, resources, id(self))
         # The queues run as small actors of their own, next to the orchestrator.
         self.inbox, self.outbox = Queue(), Queue()
-        self.actor = ray.remote(DiTStageActor).options(**options).remote()
+        self.actor = ray.remote(ProcessStageActor).options(**options).remote()
         self.placement = wait_placed(self.actor, name, resources)
         self._run = self.actor.run.remote(config, mode, executor, self.inbox, self.outbox)
         self.pid = None  # not a local process

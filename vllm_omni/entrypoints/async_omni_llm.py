@@ -21,7 +21,8 @@ from typing import Any
 from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.diffusion.executor_kind import StageInfo
-from vllm_omni.engine.omni_engine import OmniEngine, StageDelta, StageEvent
+from vllm_omni.engine.omni_engine import OmniEngine
+from vllm_omni.engine.request_run import StageDelta, StageEvent
 from vllm_omni.outputs import OmniRequestOutput, StageTiming
 
 

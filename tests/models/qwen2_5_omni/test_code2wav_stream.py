@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import torch
 
-from vllm_omni.engine.upstream import Upstream
+from vllm_omni.engine.stage_stream import StageStream
 from vllm_omni.models.qwen2_5_omni.code2wav import (
     STREAM_CHUNK_CODES,
     STREAM_FIRST_CHUNK_CODES,
@@ -43,7 +43,7 @@ class FakeStage:
 
 
 async def _stream(codes: list[int], pieces: int) -> tuple[FakeStage, dict, list[torch.Tensor]]:
-    stage, upstream, emitted = FakeStage(), Upstream({"codec_tokens": "codec_tokens"}), []
+    stage, upstream, emitted = FakeStage(), StageStream({"codec_tokens": "codec_tokens"}), []
     step = max(1, -(-len(codes) // pieces))
     for i in range(0, len(codes), step):
         upstream.put({"codec_tokens": torch.tensor(codes[i : i + step])})

@@ -12,6 +12,7 @@ the field; a client that disconnects cancels its request in every stage.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
@@ -80,60 +81,58 @@ class APIKeyMiddleware:
 
 def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI:
     """The FastAPI app; it starts the stage graph on startup unless `omni` is given."""
-    metrics = OmniMetrics()
-    if omni is not None:
-        graph = omni.graph
-    elif config.graph is not None:
-        graph = config.graph
-    else:
-        graph = resolve_stage_graph(
-            config.model,
-            config.stage_configs,
-            config.stage_overrides,
-            revision=config.revision,
-            download_dir=config.download_dir,
-        )
-    server = OmniServer(config, metrics, graph, omni)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        if server.omni is None:
-            server.omni = await AsyncOmniLLM.create(stage_configs=graph)
-        server.omni.observe(metrics.observe_stage, metrics.observe_step)
-        logger.info(
-            "omni server ready: %s (stages %s)", config.served_model_name, ", ".join(graph.names)
-        )
-        try:
-            yield
-        finally:
-            server.omni.shutdown()
-
-    app = FastAPI(title="vllm-omni", lifespan=lifespan)
-
+    server = OmniServer(config, OmniMetrics(), _graph(config, omni), omni)
+    app = FastAPI(title="vllm-omni", lifespan=functools.partial(_lifespan, server=server))
     if config.api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
+    _add_error_handlers(app)
+    _add_common_routes(app, server)
+    _add_routes(app, server)
+    app.openapi = functools.partial(_openapi, app, server)
+    return app
 
-    def openapi() -> dict[str, Any]:
-        """FastAPI's schema plus the size limits of this server, which JSON schema cannot
-        state (see protocol.py). FastAPI builds it on the first GET /openapi.json, after
-        startup, when the graph (and so the size multiple) is known."""
-        if app.openapi_schema is None:
-            schema = FastAPI.openapi(app)  # builds and caches app.openapi_schema
-            _integer_bounds(schema)
-            limits: dict[str, int] = {"x-max-pixels": config.max_pixels}
-            steps = {"x-max-request-steps": config.max_request_steps}
-            if server.omni is not None:
-                limits["x-size-multiple"] = images.size_multiple(server.omni)
-            bodies = schema.get("components", {}).get("schemas", {})
-            for body in ("ImageGenerationRequest", "ChatCompletionRequest"):
-                if body in bodies:  # the image bodies, on a server with an image stage
-                    bodies[body]["properties"]["size"].update(limits)
-                    for field in ("n", "num_inference_steps"):
-                        bodies[body]["properties"][field].update(steps)
-        return app.openapi_schema
 
-    app.openapi = openapi
+def _graph(config: ServerConfig, omni: AsyncOmniLLM | None) -> StageGraph:
+    if omni is not None:
+        return omni.graph
+    if config.graph is not None:
+        return config.graph
+    return resolve_stage_graph(
+        config.model,
+        config.stage_configs,
+        config.stage_overrides,
+        revision=config.revision,
+        download_dir=config.download_dir,
+    )
 
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI, server: OmniServer):
+    if server.omni is None:
+        server.omni = await AsyncOmniLLM.create(stage_configs=server.graph)
+    server.omni.observe(server.metrics.observe_stage, server.metrics.observe_step)
+    logger.info(
+        "omni server ready: %s (stages %s)", server.model_name, ", ".join(server.graph.names)
+    )
+    try:
+        yield
+    finally:
+        server.omni.shutdown()
+
+
+def _openapi(app: FastAPI, server: OmniServer) -> dict[str, Any]:
+    """FastAPI's schema plus what JSON schema cannot state (the routes' own limits, added by
+    their adapters: `server.schema_extras`). FastAPI builds it on the first GET /openapi.json,
+    after startup, when the graph's stages are up."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)  # builds and caches app.openapi_schema
+        _integer_bounds(schema)
+        for add_extras in server.schema_extras:
+            add_extras(schema)
+    return app.openapi_schema
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         # FastAPI's own refusals (a body that is not UTF-8, an unknown route, a wrong method)
@@ -153,6 +152,10 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
         message = first.get("msg", "invalid request").removeprefix("Value error, ")
         return bad_request(f"{param}: {message}" if param else message, param)
 
+
+def _add_common_routes(app: FastAPI, server: OmniServer) -> None:
+    """Routes every graph has: health, models, metrics."""
+
     @app.get("/health")
     async def health() -> Response:
         dead = server.omni.dead_stages()
@@ -163,27 +166,20 @@ def build_app(config: ServerConfig, omni: AsyncOmniLLM | None = None) -> FastAPI
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": config.served_model_name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "vllm-omni",
-                    "root": config.model,
-                }
-            ],
+        model = {
+            "id": server.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm-omni",
+            "root": server.config.model,
         }
+        return {"object": "list", "data": [model]}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        metrics.update_from_stats(await server.omni.stats())
-        body = generate_latest(metrics.registry) + generate_latest(REGISTRY)
+        server.metrics.update_from_stats(await server.omni.stats())
+        body = generate_latest(server.metrics.registry) + generate_latest(REGISTRY)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    _add_routes(app, server)
-    return app
 
 
 def _add_routes(app: FastAPI, server: OmniServer) -> None:

@@ -38,6 +38,8 @@ logger = init_logger(__name__)
 
 
 def add_routes(app: FastAPI, server: OmniServer) -> None:
+    server.schema_extras.append(lambda schema: _schema_limits(schema, server))
+
     async def run_images(endpoint: str, request: Request, prompt: dict, body: ImageOptions):
         """Run body.n images of `prompt`; returns (outputs, None) or (None, error response)."""
         omni = server.omni
@@ -119,6 +121,21 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
             "seeds": [out.seed for out in outputs],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
+
+
+def _schema_limits(schema: dict[str, Any], server: OmniServer) -> None:
+    """The image bodies' size and work limits of this server (see protocol.py)."""
+    config = server.config
+    limits: dict[str, int] = {"x-max-pixels": config.max_pixels}
+    steps = {"x-max-request-steps": config.max_request_steps}
+    if server.omni is not None:
+        limits["x-size-multiple"] = size_multiple(server.omni)
+    bodies = schema.get("components", {}).get("schemas", {})
+    for body in ("ImageGenerationRequest", "ChatCompletionRequest"):
+        if body in bodies:
+            bodies[body]["properties"]["size"].update(limits)
+            for name in ("n", "num_inference_steps"):
+                bodies[body]["properties"][name].update(steps)
 
 
 def _prompt(text: str, body: ImageOptions) -> dict[str, str]:

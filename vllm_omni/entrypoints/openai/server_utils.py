@@ -5,8 +5,8 @@ client disconnects, a request's events, and errors in OpenAI's shape (400 naming
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from vllm.exceptions import VLLMClientError, VLLMValidationError
 
 from vllm_omni.config.stage_config import StageGraph
-from vllm_omni.engine.omni_engine import StageEvent
+from vllm_omni.engine.request_run import StageEvent
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
 from vllm_omni.entrypoints.openai.protocol import error_body
@@ -32,6 +32,9 @@ class OmniServer:
     metrics: OmniMetrics
     graph: StageGraph
     omni: AsyncOmniLLM | None = None
+    schema_extras: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """What the routes add to the published OpenAPI schema (limits JSON schema cannot state),
+    applied in place once the stages are up."""
 
     @property
     def model_name(self) -> str:

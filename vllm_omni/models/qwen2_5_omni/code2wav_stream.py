@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Streaming code2wav: audio in bounded chunks while the talker is still speaking.
 
-The talker's codes arrive in pieces (`Upstream`). Whenever a chunk of `chunk` new codes plus
+The talker's codes arrive in pieces (`StageStream`). Whenever a chunk of `chunk` new codes plus
 `lookahead` codes after it are known (or the talker has finished), one window goes to the DiT
 process (the first chunk is shorter, see STREAM_FIRST_CHUNK_CODES): the chunk, up to `left`
 codes of left context before it (aligned down to the DiT's attention blocks) and the

@@ -1,20 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A streaming stage's view of its source (`Upstream`): partial outputs renamed by the stage's
+"""A streaming stage's view of its source (`StageStream`): partial outputs renamed by the stage's
 edges, in order, then the final one."""
 
 from __future__ import annotations
 
 import asyncio
 
-from vllm_omni.engine.upstream import Upstream
+from vllm_omni.engine.stage_stream import StageStream
 
 
-async def _read(upstream: Upstream) -> list:
+async def _read(upstream: StageStream) -> list:
     return [item async for item in upstream]
 
 
 def test_items_come_renamed_in_order_and_end_with_the_final_one() -> None:
-    upstream = Upstream({"codes": "codec_tokens", "states": "hidden"})
+    upstream = StageStream({"codes": "codec_tokens", "states": "hidden"})
     upstream.put({"codec_tokens": 1, "other": 9})
     upstream.put({"other": 9})  # nothing this stage reads: not queued
     upstream.put({"hidden": 2, "codec_tokens": 3})
@@ -29,6 +29,6 @@ def test_items_come_renamed_in_order_and_end_with_the_final_one() -> None:
 
 
 def test_a_final_output_without_the_edges_still_ends_the_stream() -> None:
-    upstream = Upstream({"codes": "codec_tokens"})
+    upstream = StageStream({"codes": "codec_tokens"})
     upstream.put({"text": "hi"}, final=True)
     assert asyncio.run(_read(upstream)) == [({}, True)]

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DiTStage: the orchestrator's handle on a DiT stage running in its own process or Ray actor.
+"""ProcessStage: the orchestrator's handle on a DiT stage running in its own process or Ray actor.
 
 Requests go in through one queue and results come back through another; a reader thread
 hands results to the orchestrator's event loop. Tensors cross the process boundary as numpy
@@ -35,11 +35,11 @@ logger = init_logger(__name__)
 START_TIMEOUT_S = 600.0
 
 
-class DiTStageError(RuntimeError):
+class ProcessStageError(RuntimeError):
     pass
 
 
-class DiTStage:
+class ProcessStage:
     """A process stage: its executor (a stage's `executor:`, registered by a model family as an
     ExecutorKind) says what its requests take and what its results mean."""
 
@@ -189,10 +189,10 @@ class DiTStage:
         elif kind == "error":
             if not self._ready.done():
                 self._ready.set_exception(
-                    DiTStageError(f"DiT stage {self.name!r} failed to start:\n{payload}")
+                    ProcessStageError(f"DiT stage {self.name!r} failed to start:\n{payload}")
                 )
         elif kind == "died":
-            error = DiTStageError(f"DiT stage {self.name!r}: {payload}")
+            error = ProcessStageError(f"DiT stage {self.name!r}: {payload}")
             logger.error("%s", error)
             for future in [self._ready, *self._pending.values()]:
                 if future is not None and not future.done():
@@ -207,7 +207,7 @@ class DiTStage:
                 return  # aborted meanwhile
             if kind == "failed":  # the request's fault as raised; anything else, the stage's
                 refused = isinstance(payload, (ValueError, DeadlineUnreachable))
-                future.set_exception(payload if refused else DiTStageError(str(payload)))
+                future.set_exception(payload if refused else ProcessStageError(str(payload)))
             else:
                 future.set_result(payload)
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Upstream: what a streaming stage (`stream_input: true`) reads from its source stage.
+"""StageStream: what a streaming stage (`stream_input: true`) reads from its source stage.
 
 A streaming stage starts as soon as its source has started, not when it has finished: it reads
 the source's partial outputs as the source emits them (the thinker's newest hidden states, the
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 
-class Upstream:
+class StageStream:
     def __init__(self, edges: Mapping[str, str]) -> None:
         """`edges`: this stage's input name -> the source's output name."""
         self._edges = dict(edges)
