@@ -42,7 +42,7 @@ def hub_env(hub_cache) -> dict[str, str]:
 
 @pytest.fixture
 def offline_hub(hub_cache) -> Iterator[Path]:
-    from tests.hub import offline_hub_at
+    from tests.helpers.hub import offline_hub_at
 
     with offline_hub_at(hub_cache):
         yield hub_cache
@@ -50,7 +50,7 @@ def offline_hub(hub_cache) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def greedy_prompts() -> dict[str, list[list[int]]]:
-    from tests.greedy_reference import make_prompts
+    from tests.helpers.greedy_reference import make_prompts
 
     return make_prompts()
 
@@ -58,8 +58,8 @@ def greedy_prompts() -> dict[str, list[list[int]]]:
 @pytest.fixture(scope="session")
 def greedy_reference(tiny_models, greedy_prompts) -> dict:
     """Plain vLLM PP=1's greedy tokens on llama-8l for `greedy_prompts` and, under "text" and
-    "chat_prompt", for the text prompts (tests/greedy_reference.py): one engine for both."""
-    from tests.greedy_reference import REFERENCE_MAX_MODEL_LEN, run_engine, text_greedy
+    "chat_prompt", for the text prompts (tests/helpers/greedy_reference.py): one engine for both."""
+    from tests.helpers.greedy_reference import REFERENCE_MAX_MODEL_LEN, run_engine, text_greedy
 
     return run_engine(
         tiny_models["llama-8l"],

@@ -18,8 +18,8 @@ from vllm_omni.config.model_source import diffusers_patterns, fetch_model, is_re
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.models.tiny_hub import repo_folder, store_snapshot
 
-from ..hub import offline_hub_at
-from ..server import BIN
+from ..helpers.hub import offline_hub_at
+from ..helpers.server import BIN
 
 
 def test_repo_ids_are_told_from_paths() -> None:

@@ -101,7 +101,7 @@ def _metric(text: str, name: str) -> float:
 @pytest.fixture(scope="module")
 def cpp_server(tiny_models, tmp_path_factory):
     """`vllm-omni serve --cpp -pp 2 --cpp-slo --cpp-slo-admission`, shared by the tests below."""
-    from tests.server import BIN, ServerProcess
+    from tests.helpers.server import BIN, ServerProcess
 
     model = str(tiny_models["llama-8l"])
     cost_model = tmp_path_factory.mktemp("cpp") / "cost.json"
@@ -243,7 +243,7 @@ def test_fuzz_slo_xargs(cpp_server):
     from hypothesis import example, given, note
     from hypothesis import strategies as st
 
-    from tests.openapi_fuzz import fuzz_settings
+    from tests.helpers.openapi_fuzz import fuzz_settings
 
     int64 = st.integers(-(2**63), 2**63 - 1)
     positive = st.one_of(

@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from tests.greedy_reference import LONG_LENGTHS, MAX_MODEL_LEN, MAX_TOKENS
-from tests.greedy_reference import run_engine as _run
+from tests.helpers.greedy_reference import LONG_LENGTHS, MAX_MODEL_LEN, MAX_TOKENS
+from tests.helpers.greedy_reference import run_engine as _run
 from vllm_omni.cpp import cpp_engine_args, online_fit
 
 pytestmark = pytest.mark.engine
@@ -135,7 +135,7 @@ def test_serve_omni_pp4_cpp_matches_plain_pp1(tiny_models, prompts, reference):
     import openai
     import requests
 
-    from tests.server import BIN, ServerProcess, greedy_token_ids
+    from tests.helpers.server import BIN, ServerProcess, greedy_token_ids
 
     model = str(tiny_models["llama-8l"])
     command = [str(BIN / "vllm"), "serve", model, "--omni", "--pipeline-parallel-size", "4"]

@@ -163,7 +163,7 @@ def test_preempted_requests_make_the_same_images(tiny_models) -> None:
     from vllm_omni.diffusion.config import DiTConfig
     from vllm_omni.diffusion.engine_core import DiffusionEngineCore
 
-    from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+    from ..helpers.diffusers_reference import load_pipeline, max_pixel_diff, reference_image
 
     pipe = load_pipeline(tiny_models["qwen-image"])
     with torch.inference_mode():

@@ -10,7 +10,7 @@ from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.engine_core import DiffusionEngineCore
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 
-from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+from ..helpers.diffusers_reference import load_pipeline, max_pixel_diff, reference_image
 
 PROMPTS = ["a red cat on a blue sofa", "a lighthouse", "two green apples on a wooden table today"]
 

@@ -23,7 +23,7 @@ from vllm_omni.engine.memory_plan import (
 )
 from vllm_omni.models.meta_modules import on_meta
 
-from ..server import BIN
+from ..helpers.server import BIN
 
 QWEN25_VL_7B_TEXT = dict(
     hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,

@@ -21,7 +21,7 @@ from vllm_omni.engine import stage_process
 from vllm_omni.engine.ray_ar_stage import ARStageError, RayARStage
 from vllm_omni.engine.request_run import StageDelta
 
-from ..entrypoints.test_qwen25_omni import (
+from ..models.qwen2_5_omni.test_omni_llm import (
     PROMPT,
     SAMPLES_PER_CODE,
     SEED,

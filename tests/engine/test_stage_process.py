@@ -14,7 +14,7 @@ import pytest
 from vllm_omni import DiffusionSamplingParams, OmniLLM
 from vllm_omni.config.stage_config import StageConfig
 
-from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+from ..helpers.diffusers_reference import load_pipeline, max_pixel_diff, reference_image
 
 CASES = [
     (

@@ -8,9 +8,9 @@ import openai
 import pytest
 import requests
 
-from tests.greedy_reference import TEXT_NEW_TOKENS, TEXT_PROMPTS
-from tests.hf_reference import MIN_LOGIT_GAP, text_greedy_with_gap
-from tests.server import BIN, ServerProcess, greedy_token_ids
+from tests.helpers.greedy_reference import TEXT_NEW_TOKENS, TEXT_PROMPTS
+from tests.helpers.hf_reference import MIN_LOGIT_GAP, text_greedy_with_gap
+from tests.helpers.server import BIN, ServerProcess, greedy_token_ids
 from vllm_omni.plugin import TRACE_ENV
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from vllm_omni import DiffusionSamplingParams, OmniLLM
 
-from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
-from ..hub import offline_hub_at
+from ..helpers.diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+from ..helpers.hub import offline_hub_at
 
 pytestmark = pytest.mark.engine
 

@@ -19,9 +19,9 @@ from PIL import Image
 
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 
-from ..diffusers_reference import load_pipeline, max_pixel_diff, reference_image
-from ..openapi_fuzz import fuzz_operation
-from ..server import BIN, ServerProcess
+from ..helpers.diffusers_reference import load_pipeline, max_pixel_diff, reference_image
+from ..helpers.openapi_fuzz import fuzz_operation
+from ..helpers.server import BIN, ServerProcess
 
 pytestmark = pytest.mark.engine
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.greedy_reference import run_engine
+from tests.helpers.greedy_reference import run_engine
 from vllm_omni.cpp import cpp_engine_args
 from vllm_omni.executor.cpu_ray import RAY_RESOURCE, threads_per_worker
 

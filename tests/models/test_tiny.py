@@ -15,9 +15,9 @@ from vllm_omni.models import tiny
 from vllm_omni.models import tiny_tokenizer as tt
 from vllm_omni.models.plain_lm.tiny import TinyLMConfig
 
-from ..greedy_reference import TEXT_NEW_TOKENS as NEW_TOKENS
-from ..greedy_reference import TEXT_PROMPTS as PROMPTS
-from ..hf_reference import MIN_LOGIT_GAP, one_thread, text_greedy_with_gap
+from ..helpers.greedy_reference import TEXT_NEW_TOKENS as NEW_TOKENS
+from ..helpers.greedy_reference import TEXT_PROMPTS as PROMPTS
+from ..helpers.hf_reference import MIN_LOGIT_GAP, one_thread, text_greedy_with_gap
 
 LMS = ["llama-8l", "qwen2-2l"]
 

@@ -20,7 +20,7 @@ import random
 import pytest
 import torch
 
-from ..hf_reference import MIN_LOGIT_GAP, greedy_with_gap
+from ..helpers.hf_reference import MIN_LOGIT_GAP, greedy_with_gap
 
 pytestmark = pytest.mark.engine
 

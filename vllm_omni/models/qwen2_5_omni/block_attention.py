@@ -14,7 +14,7 @@ placeholder), and attention is computed per query block over its band of key blo
 the dense mask lets through, nothing else. The work grows linearly with the frames, not
 quadratically. Only the order of the softmax's additions changes (masked keys contributed exact
 zeros): the mel differs from transformers' dense path by ~2e-7 of its peak
-(tests/diffusion/test_block_attention.py).
+(tests/models/qwen2_5_omni/test_block_attention.py).
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ SPEAKER_FILE = "spk_dict.pt"
 # decodes a chunk plus left context and look-ahead and keeps the chunk's audio. The DiT only sees
 # its window, so the context must span enough attention blocks (12 codes each in Qwen2.5-Omni):
 # on the tiny model, 3 blocks each side keep the joined audio within ~1e-3 of the whole decode's
-# peak, 2 blocks give ~1e-1 (tests/diffusion/test_code2wav.py, test_chunked_decode_boundary_error).
+# peak, 2 blocks give ~1e-1 (tests/models/qwen2_5_omni/test_code2wav.py,
+# test_chunked_decode_boundary_error).
 # Cost: ~2.7x the codes of one whole decode.
 STREAM_CHUNK_CODES = 36
 STREAM_LEFT_CODES = 36

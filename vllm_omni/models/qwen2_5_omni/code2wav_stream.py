@@ -7,8 +7,8 @@ process (the first chunk is shorter, see STREAM_FIRST_CHUNK_CODES): the chunk, u
 codes of left context before it (aligned down to the DiT's attention blocks) and the
 look-ahead. The process decodes the window with the request's own noise frames and returns the
 audio of the chunk only (Code2WavParams.window_start / keep), so the joined chunks approximate
-the whole-request decode (boundary error measured in tests/diffusion/test_code2wav.py). Chunks
-leave in order, each as soon as it is decoded.
+the whole-request decode (boundary error measured in tests/models/qwen2_5_omni/test_code2wav.py).
+Chunks leave in order, each as soon as it is decoded.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class FirstBlockCachedForward:
     """The transformer's forward, block by block, with per-request first-block caching.
 
     With every request computing, it performs exactly the operations of the transformer's own
-    forward (tests/diffusion/test_residual_cache.py checks the outputs are equal)."""
+    forward (tests/models/qwen_image/test_residual_cache.py checks the outputs are equal)."""
 
     def __init__(self, transformer) -> None:
         if not supports(transformer):

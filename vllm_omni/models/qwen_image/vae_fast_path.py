@@ -13,8 +13,9 @@ SCOPE: the modules of one loaded VAE (`accelerate_vae(vae)`), never diffusers' c
 reference pipeline loaded elsewhere keeps diffusers' own path. The fast path runs only on CPU
 tensors, for a convolution with no frame cache and one input frame (an image, or a video's first
 frame), and falls back to the module's own forward otherwise. The result equals diffusers' up to
-float rounding (tests/diffusion/test_vae_fast_path.py). `vllm_omni._patches.all_pinned` pins the
-two diffusers methods it stands in for, so a diffusers upgrade that changes them fails a test.
+float rounding (tests/models/qwen_image/test_vae_fast_path.py). `vllm_omni._patches.all_pinned`
+pins the two diffusers methods it stands in for, so a diffusers upgrade that changes them fails a
+test.
 
 REMOVE: when PyTorch's CPU conv3d takes oneDNN for these shapes (then only the norm is left).
 """

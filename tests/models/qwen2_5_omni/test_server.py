@@ -13,10 +13,10 @@ import torch
 
 from vllm_omni.models.qwen2_5_omni.speech_chat import audio_samples
 
-from ..hf_reference import one_thread
-from ..media import audio_part, image_part
-from ..openapi_fuzz import fuzz_operation
-from ..server import BIN, ServerProcess
+from ...helpers.hf_reference import one_thread
+from ...helpers.media import audio_part, image_part
+from ...helpers.openapi_fuzz import fuzz_operation
+from ...helpers.server import BIN, ServerProcess
 
 pytestmark = pytest.mark.engine
 
@@ -137,7 +137,7 @@ def test_streamed_pcm16(client, reference_text):
         finish = choice.finish_reason or finish
     assert transcript == reference_text == whole.choices[0].message.audio.transcript
     # The streamed talker samples in segments that follow the thinker's pace, so its codes
-    # (and the audio) differ from the whole reply's; greedy codes are equal (test_qwen25_omni).
+    # (and the audio) differ from the whole reply's; greedy codes are equal (test_omni_llm.py).
     assert len(data) > 0 and len(data) % (2 * SAMPLES_PER_CODE) == 0 and expires is not None
     assert finish in ("stop", "length")
 

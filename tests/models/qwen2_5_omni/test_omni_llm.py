@@ -18,8 +18,8 @@ from vllm import SamplingParams
 
 from vllm_omni import Code2WavParams, OmniLLM
 
-from ..hf_reference import one_thread
-from ..media import audio_part, image_part
+from ...helpers.hf_reference import one_thread
+from ...helpers.media import audio_part, image_part
 
 pytestmark = pytest.mark.engine
 
@@ -31,8 +31,8 @@ SAMPLES_PER_CODE = 480
 WAVE_TOLERANCE = 1e-3
 """Largest waveform difference, relative to the reference's peak. The DiT process runs
 transformers' token2wav modules, its attention through vllm_omni's block-band function (within
-4.2e-4 in-process, tests/diffusion/test_code2wav.py), on the process's default threads, which
-changes summation order in the 10-step ODE solve too."""
+4.2e-4 in-process, test_code2wav.py), on the process's default threads, which changes
+summation order in the 10-step ODE solve too."""
 
 
 def stage_params(seed: int = SEED, voice: str = "Chelsie") -> dict:
@@ -221,7 +221,7 @@ def test_bad_requests_name_the_field(omni, prompt, error):
 
 STREAM_TOLERANCE = 0.05
 """Largest difference between the joined streamed audio and the whole decode, relative to its
-peak: a chunk sees only its window of codes (tests/diffusion/test_code2wav.py measures it)."""
+peak: a chunk sees only its window of codes (test_code2wav.py measures it)."""
 
 
 def test_streamed_request_speaks_while_the_thinker_writes(omni):

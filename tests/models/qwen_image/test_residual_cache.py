@@ -19,7 +19,7 @@ from vllm_omni.diffusion.residual_cache import ResidualCacheConfig, RowGroup
 from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
 from vllm_omni.models.tiny_common import smooth_time_embedding_
 
-from ..diffusers_reference import load_pipeline, max_pixel_diff
+from ...helpers.diffusers_reference import load_pipeline, max_pixel_diff
 
 POLICY = ResidualCacheConfig(threshold=0.3, warmup_steps=2, final_steps=1, max_consecutive=2)
 STEPS = 12
