@@ -24,6 +24,12 @@ def _talker_hook() -> type:
     return TalkerConditioningHook
 
 
+def _pinned() -> list:
+    from vllm_omni.models.qwen2_5_omni.pinned import pinned
+
+    return pinned()
+
+
 def _speech_chat(app, server) -> None:
     from vllm_omni.models.qwen2_5_omni.speech_chat import add_routes
 
@@ -50,4 +56,5 @@ FAMILY = ModelFamily(
         )
     },
     api=_speech_chat,
+    pinned=_pinned,
 )
