@@ -50,19 +50,41 @@ def _whole_requests(executor: str) -> bool:
 @dataclass(frozen=True)
 class StageConfig:
     name: str
+    """The stage's name (an identifier): edges and per-stage parameters refer to it."""
     engine_type: str
+    """`AR`: a vLLM engine; `DiT`: a process stage of its own (a diffusion transformer, a VAE
+    decoder, a vocoder), run by a registered executor."""
     model: str
+    """The stage's model: a folder (relative to the graph's file or the checkpoint) or a hub repo
+    id (`owner/name`)."""
     input_modalities: tuple[str, ...] = ("text",)
+    """What the stage takes (documentation of the graph; e.g. `text`, `embeddings`, `codec`)."""
     output_modalities: tuple[str, ...] = ("text",)
+    """What the stage makes; a final stage's are the graph's outputs (`text`, `image`, `audio`),
+    which decide the server's routes and what a request's `modalities` may ask for."""
     inputs: Mapping[str, str] = field(default_factory=dict)
+    """Edges: `{name: source_stage.tensor}`; a stage without inputs receives the prompt."""
     processor: str | None = None
+    """AR stages: a registered processor (a model family's) that builds the engine's prompts and
+    the stage's outputs; none: the stage generates text."""
     tokenizer: str | None = None
+    """AR stages: the tokenizer's folder, where the model's folder holds none."""
     scheduler: str | None = None
+    """AR: `default` (vLLM's) or `cpp`; DiT: `step` (requests join and leave between denoising
+    steps) or `fifo` (whole requests). Default: `default`, or `step` (`fifo` for executors that
+    run whole requests)."""
     executor: str | None = None
+    """AR: vLLM's distributed executor backend (`auto`, `mp`, `uni`, `ray`); DiT: a registered
+    executor (`diffusers`, `vae_decoder`, `code2wav`). Default: `auto` / `diffusers`."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
+    """AR stages: vLLM engine arguments (`dtype`, `max_model_len`, ...; `cpp` for CPP's
+    settings)."""
     dit: Mapping[str, Any] = field(default_factory=dict)
+    """DiT stages: the stage process's settings (below)."""
     max_inflight: int = 64
+    """Requests the stage holds at once; the rest wait in the orchestrator (back-pressure)."""
     final_output: bool = False
+    """The stage's outputs are the request's (default: the stages nothing reads from)."""
     stream_input: bool = False
     """Start as soon as the (single) source starts, reading its partial outputs as they come
     (`inputs["upstream"]`, see vllm_omni.engine.stage_stream), instead of after it finishes."""
@@ -182,7 +204,9 @@ class StageConfig:
 @dataclass(frozen=True)
 class StageGraph:
     stages: tuple[StageConfig, ...]
+    """The stages (fields below)."""
     model_type: str | None = None
+    """The model family the graph belongs to (a registered name): its API routes serve it."""
 
     def __post_init__(self) -> None:
         if not self.stages:

@@ -28,16 +28,29 @@ class DiTConfig:
     vllm_omni.diffusion.deadline."""
 
     model: str
+    """The stage's model folder (the stage's `model`)."""
     dtype: str = "auto"
+    """`auto` (the weights' own), `float32`, `bfloat16` or `float16`."""
     device: str = "auto"
+    """A torch device; `auto`: CUDA when present, else the CPU."""
     num_threads: int | None = None
+    """torch intra-op threads of the stage process (None: torch's default; some executors set
+    their own on a CPU)."""
     max_num_seqs: int = 8
+    """Requests batched together."""
     cache_max_bytes: int | None = None
+    """Bound on the per-request state the stage keeps (None: unbounded)."""
     cache_ttl_s: float = 600.0
+    """Per-request state untouched this long is dropped."""
     decode: bool = True
+    """False: the stage returns latents (a `vae_decoder` stage downstream makes the images)."""
     residual_cache: ResidualCacheConfig | None = None
+    """First-block residual caching for every request of the stage (fields below; None: off,
+    requests may still opt in with `cache_threshold`)."""
     scheduling_policy: str = "fcfs"
+    """`fcfs` or `deadline` (least slack first by each request's latency SLO; `step` only)."""
     admission_control: bool = False
+    """With `deadline`: refuse (HTTP 429) a request whose latency SLO cannot be met."""
 
     def __post_init__(self) -> None:
         if isinstance(self.residual_cache, dict):

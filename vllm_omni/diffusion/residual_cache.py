@@ -44,9 +44,14 @@ class ResidualCacheConfig:
     `max_consecutive` steps in a row are served from the cache."""
 
     threshold: float = 0.24
+    """Relative L1 distance of the first block's residual below which a step is served from
+    the cache (0: off)."""
     warmup_steps: int = 4
+    """First steps always computed."""
     final_steps: int = 1
+    """Last steps always computed."""
     max_consecutive: int = 3
+    """Most steps in a row served from the cache."""
 
     def __post_init__(self) -> None:
         t = self.threshold

@@ -82,7 +82,8 @@ class OmniServeCommand(ServeSubcommand):
             default=None,
             help="how DiT stages pick requests at each denoising step: fcfs (arrival order, all "
             "running requests advance) or deadline (least slack first by each request's "
-            "latency_slo_ms, one image size per step, starvation guard)",
+            "latency_slo_ms: the most urgent request and others of its size advance; "
+            "starvation guard)",
         )
         omni.add_argument(
             "--dit-admission-control",
