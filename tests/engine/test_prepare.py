@@ -46,6 +46,8 @@ def test_options_are_checked_by_the_stage_that_reads_them(omni_engine: OmniEngin
         omni_engine.prepare({"prompt": "hi", "voice": "Nobody"})
     with pytest.raises(ValueError, match=r"^voice: no stage of this request takes it"):
         omni_engine.prepare({"prompt": "hi", "voice": sorted(SPEAKERS)[0], "modalities": ["text"]})
+    with pytest.raises(ValueError, match=r"^voice: unknown voice 7"):
+        omni_engine.prepare({"prompt": "hi", "voice": 7})
     with pytest.raises(ValueError, match=r"^prompt\.colour: unknown field"):
         omni_engine.prepare({"prompt": "hi", "colour": "red"})
 

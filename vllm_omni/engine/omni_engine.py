@@ -126,8 +126,7 @@ class OmniEngine:
             raise FieldError(
                 "prompt", f"must be a string or a mapping, got {type(prompt).__name__}"
             )
-        text_fields = ("prompt", "negative_prompt", *self.request_options[len(REQUEST_FIELDS) :])
-        for name in text_fields:
+        for name in ("prompt", "negative_prompt"):  # the stages check their own options
             value = inputs.get(name)
             if value is not None and not isinstance(value, str):
                 raise FieldError(name, f"must be a string, got {type(value).__name__}")

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ProcessStage: the orchestrator's handle on a DiT stage running in its own process or Ray actor.
+"""ProcessStage: the orchestrator's handle on a stage running in a process of its own (a DiT, a VAE
+decoder, a vocoder) or a Ray actor.
 
 Requests go in through one queue and results come back through another; a reader thread
 hands results to the orchestrator's event loop. Tensors cross the process boundary as numpy
