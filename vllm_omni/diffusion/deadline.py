@@ -30,6 +30,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 
 POLICIES = ("fcfs", "deadline")
@@ -42,7 +43,8 @@ class DeadlineUnreachable(Exception):
 
 def rows_of(request: DiTRequest) -> int:
     """Transformer rows one step of `request` takes (two under classifier-free guidance)."""
-    return 2 if getattr(request.params, "do_cfg", False) else 1
+    guided = isinstance(request.params, DiffusionSamplingParams) and request.params.do_cfg
+    return 2 if guided else 1
 
 
 class StepCostModel:
