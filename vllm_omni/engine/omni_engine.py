@@ -14,6 +14,7 @@ OmniLLM (sync) and AsyncOmniLLM (asyncio) are thin front-ends over this class.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from vllm_omni.engine.ar_stage import ARStage
 from vllm_omni.engine.process_stage import ProcessStage
 from vllm_omni.engine.ray_ar_stage import make_ar_stage
 from vllm_omni.engine.request_run import OnEvent, RequestRun
+from vllm_omni.engine.stage import Stage
 from vllm_omni.engine.stage_process import join_ray, leave_ray
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
@@ -43,7 +45,7 @@ sees the request's options among its inputs."""
 class OmniEngine:
     def __init__(self, graph: StageGraph) -> None:
         self.graph = graph
-        self.stages: dict[str, ARStage | ProcessStage] = {
+        self.stages: dict[str, Stage] = {
             s.name: make_ar_stage(s) if s.engine_type == "AR" else ProcessStage(s)
             for s in graph.stages
         }
@@ -79,7 +81,7 @@ class OmniEngine:
             raise
 
     # ------------------------------------------------------------------ requests
-    @property
+    @functools.cached_property  # the stages are fixed; read per request and per stage
     def request_options(self) -> tuple[str, ...]:
         """Fields a prompt mapping may carry besides the prompt: `modalities`, `stream`, and the
         options the graph's stages read (e.g. a speaking stage's voice)."""
