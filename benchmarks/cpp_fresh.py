@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """CPP on a model it has never seen: online calibration from an empty cache, against plain vLLM.
 
-    .venv/bin/python benchmarks/cpp_fresh.py --json docs/results/cpp_fresh.json --offline-check
+    python -m benchmarks.cpp_fresh --json docs/results/cpp_fresh.json --offline-check
 
 Builds a Llama of a shape no calibration exists for (`SHAPE`, random weights, seconds to build),
 points the calibration cache at an empty folder, and runs `cpp_ttft.run_both_orders`: each plain
@@ -38,7 +38,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cpp_ttft import CPP_NAME, PLAIN_PP2, configs, run_both_orders
+from benchmarks.common import write_result
+from benchmarks.cpp_ttft import CPP_NAME, PLAIN_PP2, auto_dtype, configs, run_both_orders
 
 SHAPE = dict(
     architecture="llama", num_layers=4, hidden_size=128, num_heads=2, num_kv_heads=1,
@@ -296,10 +297,7 @@ def main() -> None:
     if args.records:
         records = {"ttft_s": result["ttft_s"], "records": result["records"]}
         args.records.write_text(json.dumps(records))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.json}")
+    write_result(args.json, out, dtype=auto_dtype())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What this machine's cost model allows CPP to reach, beside what CPP measured.
 
-    .venv/bin/python benchmarks/cpp_limits.py \\
+    python -m benchmarks.cpp_limits \\
         --measured docs/results/cpp_ttft.json docs/results/cpp_ttft_both_orders.json \\
         --slo docs/results/slo_mixed.json --json docs/results/cpp_limits.json
 
@@ -35,6 +35,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import write_result
 from vllm_omni.cpp.cost_model import CostModel
 from vllm_omni.cpp.limits import (
     best_plan,
@@ -54,7 +55,7 @@ MEASURED_KEYS = {"vs_pp1": "cpp_vs_pp1", "vs_best_fixed": "cpp_vs_best_fixed"}
 STEP_LENGTHS_MS = (20, 25, 30, 35, 40, 45, 50, 55, 60, 75, 100, 150, 200, 300, 400, 500, 750, 1000)
 # slo_mixed.py's regimes: a short request's TTFT SLO is max(floor, factor x its unloaded TTFT).
 REGIMES = {"3x": (3.0, 0.0), "interactive": (5.0, 1.0)}
-# Measured by slo_mixed.py (CPP+SLO server, session 3), for JSON files from before it saved them.
+# Unloaded short-request TTFTs (CPP+SLO server, slo_mixed.py) for --slo files that lack them.
 DEFAULT_UNLOADED_TTFT_MS = (28.8, 45.6, 58.4, 61.6)
 
 
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     path = args.cost_model or default_cost_model_path()
     if not path.is_file():
         raise SystemExit(
-            f"no cost model at {path}: run benchmarks/cpp_ttft.py (or python -m "
+            f"no cost model at {path}: run python -m benchmarks.cpp_ttft (or python -m "
             "vllm_omni.cpp.calibrate <tiny llama-8l> -pp 2) first"
         )
     cost_model = CostModel.load(path)
@@ -275,10 +276,7 @@ def main(argv: list[str] | None = None) -> None:
             for regime in REGIMES
         },
     }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

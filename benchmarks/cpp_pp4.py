@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """CPP at PP=4, as the design states it: measured step timeline against the simulator's.
 
-    .venv/bin/python benchmarks/cpp_pp4.py --json out/cpp_pp4.json --png out/cpp_pp4.png
+    python -m benchmarks.cpp_pp4 --json out/cpp_pp4.json --png out/cpp_pp4.png
 
 The tiny 8-layer Llama (two layers per stage), one long prompt after a warm-up, `--runs` times,
 for CPP at PP=4 and plain vLLM PP=4 at its default 2048-token chunks, one engine at a time
@@ -21,12 +21,19 @@ a property of CPP. Run it where every rank has its own cores for the real compar
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from cpp_ttft import Config, Engine, draw_stages, make_prompts, step_summary
+from benchmarks.common import write_result
+from benchmarks.cpp_ttft import (
+    Config,
+    Engine,
+    auto_dtype,
+    draw_stages,
+    make_prompts,
+    step_summary,
+)
 
 PP = 4
 
@@ -132,16 +139,14 @@ def main() -> None:
         f"CPP / plain TTFT: measured {plain['median_ttft_s'] / cpp['median_ttft_s']:.3f}x, "
         f"simulated {plain['simulated_ttft_s'] / cpp['simulated_ttft_s']:.3f}x"
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {
-            "pp": PP,
-            "prompt_len": args.length,
-            "cost_model": fit.model.to_dict(),
-            "fit_rel_rmse": fit.rel_rmse,
-            "configs": rows,
-        }
-        args.json.write_text(json.dumps(out, indent=2))
+    out = {
+        "pp": PP,
+        "prompt_len": args.length,
+        "cost_model": fit.model.to_dict(),
+        "fit_rel_rmse": fit.rel_rmse,
+        "configs": rows,
+    }
+    write_result(args.json, out, dtype=auto_dtype())
     if args.png:
         plot(rows, args.png)
 

@@ -2,9 +2,9 @@
 """Simulated pipeline bubble of chunked prefill (CPP), projected to large models and long contexts,
 and checked against measured TTFTs.
 
-    .venv/bin/python benchmarks/cpp_sim.py                         # projection table (seconds)
-    .venv/bin/python benchmarks/cpp_sim.py --json out/cpp_sim.json --plot out/cpp_sim.png
-    .venv/bin/python benchmarks/cpp_sim.py --measured out/cpp_ttft.json   # + validation table
+    python -m benchmarks.cpp_sim                         # projection table (seconds)
+    python -m benchmarks.cpp_sim --json out/cpp_sim.json --plot out/cpp_sim.png
+    python -m benchmarks.cpp_sim --measured out/cpp_ttft.json   # + validation table
 
 (a) Projection: Llama-3-8B / 70B shapes, analytic per-stage FLOP cost model, p in {4, 8, 16},
     128K..1M-token prompts. Fixed 4096-token chunks vs compute-balanced chunks (plan_chunks with
@@ -26,12 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Runnable as a plain script from the repository root without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vllm_omni.cpp.chunking import budget_for_chunk, optimal_num_steps, plan_chunks  # noqa: E402
-from vllm_omni.cpp.cost_model import CostModel, ModelShape  # noqa: E402
-from vllm_omni.cpp.simulator import SimResult, fixed_chunks, simulate  # noqa: E402
+from benchmarks.common import write_result
+from vllm_omni.cpp.chunking import budget_for_chunk, optimal_num_steps, plan_chunks
+from vllm_omni.cpp.cost_model import CostModel, ModelShape
+from vllm_omni.cpp.simulator import SimResult, fixed_chunks, simulate
 
 K = 1024
 SHAPES = {"llama3-8b": ModelShape.llama3_8b(), "llama3-70b": ModelShape.llama3_70b()}
@@ -533,10 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         plot(curves, 1024 * K, args.overhead_ms, args.plot)
         result["bubble_vs_p_1m"] = curves
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
     return 0
 
 

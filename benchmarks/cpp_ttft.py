@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """TTFT of long prompts: plain vLLM PP=1, plain vLLM PP=2 at fixed chunk sizes, and CPP PP=2.
 
-    .venv/bin/python benchmarks/cpp_ttft.py --json out/cpp_ttft.json --png out/cpp_gantt.png
-    .venv/bin/python benchmarks/cpp_ttft.py --both-orders --json out/cpp_ttft_both_orders.json
-    .venv/bin/python benchmarks/cpp_ttft.py --both-orders --only "chunk 1024" "micro" \
+    python -m benchmarks.cpp_ttft --json out/cpp_ttft.json --png out/cpp_gantt.png
+    python -m benchmarks.cpp_ttft --both-orders --json out/cpp_ttft_both_orders.json
+    python -m benchmarks.cpp_ttft --both-orders --only "chunk 1024" "micro" \
         --micro-chunks 2 --lengths 16384 --json out/cpp_both_orders.json
 
 All configurations run in one invocation on the tiny 8-layer Llama (random token ids, prefix
@@ -28,7 +28,6 @@ yet, the benchmark calibrates first (`vllm_omni.cpp.calibrate`, cached for later
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import random
@@ -37,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import geomean, write_result
 
 DEFAULT_LENGTHS = (8192, 16384, 32768)
 DEFAULT_CHUNKS = (256, 512, 1024, 2048, 4096)
@@ -198,6 +199,16 @@ def add_run(result: Result, elapsed: float, records, cost_model) -> None:
     result.ideal_bubble = (p - 1) / (m + p - 1)
 
 
+def auto_dtype() -> str:
+    """The dtype the engines run at (`--dtype auto`): the bf16 checkpoint's, or float32 on a
+    CPU without native bf16 (vllm_omni's CPU default)."""
+    import torch
+
+    from vllm_omni.platform.cpu_dtype import resolved_on_this_cpu
+
+    return str(resolved_on_this_cpu(torch.bfloat16)).removeprefix("torch.")
+
+
 def make_prompts(lengths, runs: int) -> dict[int, list[list[int]]]:
     """Per prompt length, one warm-up prompt and `runs` timed ones of random token ids (seeded)."""
     rng = random.Random(0)
@@ -288,7 +299,7 @@ def run_both_orders(
             for engine in engines:
                 engine.close()
         for n, orders in per_length.items():
-            both = statistics.geometric_mean(o["baseline_s"] / o["cpp_s"] for o in orders)
+            both = geomean(o["baseline_s"] / o["cpp_s"] for o in orders)
             print(f"  {n:6d} tokens, both orders: {both:.3f}", flush=True)
             out.setdefault(config.name, {})[str(n)] = {"orders": orders, "both_orders": both}
     return out
@@ -430,13 +441,8 @@ def main() -> None:
 
     model = args.model or str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     model_len = max(args.lengths) + 64
-    import torch
-
-    from vllm_omni.platform.cpu_dtype import resolved_on_this_cpu
-
-    # The engines run at dtype auto: the bf16 checkpoint's dtype, or float32 on a CPU without
-    # native bf16 (vllm_omni's CPU default); calibrations are kept per dtype.
-    cal_path = calibration_path(model, 2, str(resolved_on_this_cpu(torch.bfloat16)), "cpu")
+    # Calibrations are kept per dtype.
+    cal_path = calibration_path(model, 2, f"torch.{auto_dtype()}", "cpu")
     if not cal_path.is_file():
         from vllm_omni.cpp.calibrate import calibrate
 
@@ -454,15 +460,7 @@ def main() -> None:
     if args.both_orders:
         result = run_both_orders(baselines, cpp_config, model, args.lengths, args.runs)
         summary = summarize_both_orders(result, args.lengths)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(
-                json.dumps(
-                    {"machine": {"cpus": os.cpu_count()}, "ratios": summary, "both_orders": result},
-                    indent=1,
-                )
-            )
-            print(f"wrote {args.json}")
+        write_result(args.json, {"ratios": summary, "both_orders": result}, dtype=auto_dtype())
         return
     pairs = run_paired(baselines, cpp_config, model, args.lengths, args.runs, cost_model)
     print("\npaired: baseline TTFT / TTFT of the CPP runs interleaved with it (> 1: CPP faster)")
@@ -478,35 +476,23 @@ def main() -> None:
     if args.png:
         args.png.parent.mkdir(parents=True, exist_ok=True)
         plot_gantt(pairs, max(args.lengths), args.png)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": {"cpus": os.cpu_count()},
-                    "cost_model": cost_model.to_dict(),
-                    "cost_model_pp": 2,
-                    "ratios": ratios,
-                    "records": [
-                        {
-                            "name": r.name if r is pair[0] else f"{r.name} (with {pair[0].name})",
-                            "pp": r.pp,
-                            "prompt_len": r.prompt_len,
-                            "chunks": r.chunks,
-                            "ttft_s": r.median_s,
-                            "ttft_runs_s": r.ttft_s,
-                            "balance": r.balance,
-                            "bubble": r.bubble,
-                            "ideal_bubble": r.ideal_bubble,
-                        }
-                        for pair in pairs
-                        for r in pair
-                    ],
-                },
-                indent=1,
-            )
-        )
-        print(f"wrote {args.json}")
+    records = [
+        {
+            "name": r.name if r is pair[0] else f"{r.name} (with {pair[0].name})",
+            "pp": r.pp,
+            "prompt_len": r.prompt_len,
+            "chunks": r.chunks,
+            "ttft_s": r.median_s,
+            "ttft_runs_s": r.ttft_s,
+            "balance": r.balance,
+            "bubble": r.bubble,
+            "ideal_bubble": r.ideal_bubble,
+        }
+        for pair in pairs
+        for r in pair
+    ]
+    out = {"cost_model": cost_model.to_dict(), "cost_model_pp": 2, "ratios": ratios}
+    write_result(args.json, {**out, "records": records}, dtype=auto_dtype())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Prefill speed of bfloat16 against float32 on this CPU, as the context grows.
 
-    .venv/bin/python benchmarks/cpu_dtype.py --json out/cpu_dtype.json
+    python -m benchmarks.cpu_dtype --json out/cpu_dtype.json
 
 The tiny 8-layer Llama at PP=1, one engine per dtype, both up at once (prefix caching off,
 max_tokens=1). For every prompt length and run, the two engines prefill the same random prompt
@@ -14,11 +14,12 @@ bfloat16 (no AVX512_BF16 or AMX); this measures why.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from pathlib import Path
+
+from benchmarks.common import write_result
 
 QUIET_S = 1.5
 """vLLM's shared-memory readers busy-poll for 1 s after each message: let the engine that ran
@@ -90,9 +91,7 @@ def main() -> None:
         "all_ttft_s": {d: {str(n): v for n, v in t.items()} for d, t in times.items()},
     }
     print(f"CPU native 16-bit types: {names if names is not None else 'unknown'}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    write_result(args.json, result, dtype="bfloat16 vs float32")
 
 
 if __name__ == "__main__":

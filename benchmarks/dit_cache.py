@@ -2,7 +2,7 @@
 """First-block residual caching in the DiT stage: speed-up and PSNR, alone, under step-level
 batching, and cache-dit (the peer) on the same weights, side by side in one run.
 
-    .venv/bin/python benchmarks/dit_cache.py --json out/dit_cache.json
+    python -m benchmarks.dit_cache --json out/dit_cache.json
 
 Configurations (random weights; PSNR against the uncached same-seed image is a check of the
 mechanism, not a claim about image quality):
@@ -28,7 +28,6 @@ Per configuration, 20 steps, `--prompts` prompts (seeds 0..n-1):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -39,15 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.common import write_result
+from benchmarks.omni_throughput import wide_model
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.residual_cache import ResidualCacheConfig
 from vllm_omni.models.qwen_image.model_runner import DiffusionModelRunner
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
-
-sys.path.insert(0, str(Path(__file__).parent))
-from omni_throughput import wide_model  # noqa: E402
 
 COMPUTE_DIT = dict(
     num_layers=8, attention_head_dim=64, num_attention_heads=6, axes_dims_rope=(16, 24, 24)
@@ -362,9 +360,7 @@ def main() -> None:
         result["cache_dit"] = bench_cache_dit(folders[cfg.name], prompts, cfg)
         out["configs"][cfg.name] = result
         report(cfg.name, result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
+    write_result(args.json, out, dtype="float32")
 
 
 def report(name: str, r: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Deadline-aware DiT scheduling vs first-come-first-served on the omni image server.
 
-    .venv/bin/python benchmarks/dit_sched.py --json out/dit_sched.json
+    python -m benchmarks.dit_sched --json out/dit_sched.json
 
 A seeded mixed trace is replayed, open loop (each request sent at its arrival time, whatever
 the server is doing), against `vllm-omni serve <tiny Qwen-Image>` started once per policy:
@@ -36,10 +36,8 @@ deadline / floor (how far the policy is from it).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -50,10 +48,8 @@ import openai
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).parent))
-from serve_load import percentile, start_server  # noqa: E402
-
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir  # noqa: E402
+from benchmarks.common import BIN, ServerProcess, alternate, geomean, percentile, write_result
+from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 POLICIES = ("fcfs", "deadline")
 
@@ -195,8 +191,9 @@ def run_policy(
     extra = ["--dit-scheduling-policy", policy]
     if policy == "deadline" and args.admission_control:
         extra.append("--dit-admission-control")
-    proc, url, log = start_server(model, extra)
-    try:
+    command = [str(BIN / "vllm-omni"), "serve", model, "--enforce-eager", *extra]
+    with ServerProcess(command, timeout_s=600) as server:
+        url = server.url
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
         small, large = Job(10**6, 0, "small", 64, 6), Job(10**6, 0, "large", 192, 25)
         one_image(client, small, None)  # warm-up
@@ -225,10 +222,6 @@ def run_policy(
         result["slo_ms"] = dict(shared["slo_ms"])
         result["rate"] = shared["rate"]
         return result
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
 
 
 def main() -> None:
@@ -271,14 +264,19 @@ def main() -> None:
         parser.error("--per-run scales rate and SLOs itself: drop --rate and --slo-ms")
     model = str(build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"])
     variants = POLICIES + (("floor",) if args.floor else ())
-    runs: dict[str, list[dict]] = {v: [] for v in variants}
     shared: dict = {}
-    for i in range(args.repeats):
-        for variant in variants if i % 2 == 0 else variants[::-1]:
+
+    def arm(variant: str):
+        def run() -> dict:
             small_only = variant == "floor"
             policy = "fcfs" if small_only else variant
-            runs[variant].append(run_policy(model, policy, args, shared, small_only))
-            report(variant, runs[variant][-1])
+            result = run_policy(model, policy, args, shared, small_only)
+            report(variant, result)
+            return result
+
+        return run
+
+    runs = alternate({v: arm(v) for v in variants}, args.repeats)
     medians = {v: _medians(r) for v, r in runs.items()}
     for variant in variants:
         report(f"{variant} (median)", medians[variant])
@@ -293,16 +291,14 @@ def main() -> None:
             f"serving all could show), "
             f"deadline / floor {ratios['deadline_over_floor_small_p99']:.2f}x"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {
-            "args": vars(args) | {"json": str(args.json)},
-            "rate": shared["rate"],
-            "runs": runs,
-            "medians": medians,
-            "ratios": ratios,
-        }
-        args.json.write_text(json.dumps(out, indent=2))
+    out = {
+        "args": vars(args) | {"json": str(args.json)},
+        "rate": shared["rate"],
+        "runs": runs,
+        "medians": medians,
+        "ratios": ratios,
+    }
+    write_result(args.json, out, dtype="auto")
 
 
 def _medians(results: list[dict]) -> dict:
@@ -329,7 +325,7 @@ def _medians(results: list[dict]) -> dict:
 def _paired_ratio(runs: dict, metric, num: str = "deadline", den: str = "fcfs") -> float:
     """`num` over `den`, geometric mean over the pairs of runs (run i of each)."""
     values = [metric(n) / max(1e-9, metric(d)) for n, d in zip(runs[num], runs[den])]
-    return statistics.geometric_mean(values) if all(v > 0 for v in values) else 0.0
+    return geomean(values) if all(v > 0 for v in values) else 0.0
 
 
 def paired_ratios(runs: dict) -> dict[str, float]:

@@ -2,7 +2,7 @@
 """Deadline-aware vs fcfs DiT scheduling on a virtual clock: the stage's own scheduler, step
 costs measured on this machine, no noise.
 
-    .venv/bin/python benchmarks/dit_sched_sim.py --json out/dit_sched_sim.json
+    python -m benchmarks.dit_sched_sim --json out/dit_sched_sim.json
 
 `dit_sched.py` replays a trace against the omni server, where two runs of one policy can differ
 by more than the two policies do (two cores shared by the API server, the text encoder and the
@@ -17,13 +17,12 @@ Per rate: the median over `--seeds` traces of SLO attainment and of each class's
 the slowest request, and the deadline/fcfs ratios as geometric means over the seeds. Left out:
 CPU contention that varies in time, the text encoder's queue, a step's cost depending on what
 ran before it (cache effects). The in-process timings themselves moved by up to 2x between two
-runs in session 20, so compare policies within one run, not runs with each other.
+runs, so compare policies within one run, not runs with each other.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,20 +32,18 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from dit_sched import make_trace, paired_ratios  # noqa: E402
-from serve_load import percentile  # noqa: E402
-
-from vllm_omni.diffusion.cache_manager import DiTCacheManager  # noqa: E402
-from vllm_omni.diffusion.params import DiffusionSamplingParams  # noqa: E402
-from vllm_omni.diffusion.request import DiTRequest  # noqa: E402
-from vllm_omni.diffusion.scheduler import (  # noqa: E402
+from benchmarks.common import percentile, write_result
+from benchmarks.dit_sched import make_trace, paired_ratios
+from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.scheduler import (
     DiffusionScheduler,
     DiTRunnerOutput,
     DiTSchedulerConfig,
 )
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir  # noqa: E402
-from vllm_omni.platform.cpu_defaults import MALLOC_DEFAULTS  # noqa: E402
+from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.platform.cpu_defaults import MALLOC_DEFAULTS
 
 SIZES = (64, 192)
 ROWS = (1, 2, 4, 8)
@@ -175,7 +172,8 @@ def main() -> None:
     if any(name not in os.environ for name in MALLOC_DEFAULTS):
         # glibc reads these at start-up; the DiT stage's process runs with them (a decode
         # without them costs several times more here), so the timings must too.
-        os.execve(sys.executable, [sys.executable, *sys.argv], MALLOC_DEFAULTS | dict(os.environ))
+        argv = [sys.executable, "-m", __spec__.name, *sys.argv[1:]]
+        os.execve(sys.executable, argv, MALLOC_DEFAULTS | dict(os.environ))
     if args.seeds < 1 or args.contention <= 0 or min(args.rates) <= 0:
         parser.error("--seeds must be >= 1, --contention and --rates > 0")
     model = str(build_tiny_models(default_models_dir(), ["qwen-image"])["qwen-image"])
@@ -211,14 +209,12 @@ def main() -> None:
             f"large P99 {f['large_p99_s']:.2f} / {d['large_p99_s']:.2f} s, slowest "
             f"{f['max_latency_s']:.1f} / {d['max_latency_s']:.1f} s"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {
-            "args": vars(args) | {"json": str(args.json)},
-            "costs_s": {str(size): c for size, c in costs.items()},
-            "rows": rows,
-        }
-        args.json.write_text(json.dumps(out, indent=2))
+    out = {
+        "args": vars(args) | {"json": str(args.json)},
+        "costs_s": {str(size): c for size, c in costs.items()},
+        "rows": rows,
+    }
+    write_result(args.json, out, dtype="auto")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What this project's vLLM-free parts do on one GPU, in a few minutes, with nothing downloaded.
 
-    python benchmarks/gpu_check.py --json out/gpu_check.json --md out/gpu_check.md
-    python benchmarks/gpu_check.py --dry-run        # CPU, tiny shapes, seconds (CI runs this)
+    python -m benchmarks.gpu_check --json out/gpu_check.json --md out/gpu_check.md
+    python -m benchmarks.gpu_check --dry-run        # CPU, tiny shapes, seconds (CI runs this)
 
 Written for a single-GPU machine that has PyTorch, Triton and transformers but neither vLLM nor a
 network, where only small wheels can be brought along: vLLM's CUDA wheel cannot, diffusers can
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import statistics
 import sys
@@ -54,9 +53,8 @@ class _NoVllm:
 
 
 sys.meta_path.insert(0, _NoVllm())
-# Runnable as a plain script from the repository root without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import write_result  # noqa: E402
 from vllm_omni.cpp.chunking import cpp_plan  # noqa: E402
 from vllm_omni.cpp.cost_model import CostModel, ModelShape, StepSample  # noqa: E402
 from vllm_omni.cpp.simulator import fixed_chunks, simulate  # noqa: E402
@@ -550,10 +548,10 @@ def main(argv: list[str] | None = None) -> int:
 
     text = markdown(report)
     print(text)
-    for path, content in ((args.json, json.dumps(report, indent=2)), (args.md, text)):
-        if path:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
+    write_result(args.json, report, dtype=str(dtype).removeprefix("torch."))
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(text)
     return 0
 
 

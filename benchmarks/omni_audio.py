@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Text + speech throughput: transformers' Qwen2.5-Omni `generate`, once per request, vs OmniLLM.
 
-    .venv/bin/python benchmarks/omni_audio.py --json out/omni_audio.json --png out/omni_audio.png
+    python -m benchmarks.omni_audio --json out/omni_audio.json --png out/omni_audio.png
 
 Same weights (the tiny Qwen2.5-Omni of the tests, float32), same prompts, same work per request:
 the thinker writes up to --text-tokens greedy tokens, the talker speaks them (greedy, up to
@@ -24,7 +24,6 @@ timeline of the last OmniLLM pass at the highest concurrency.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.common import write_result
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 TOPICS = ("the sea", "mountains", "a red cat", "the city at night", "rain", "a lighthouse",
@@ -249,9 +249,7 @@ def main() -> None:
             f"{c:11d} {s['omni_requests_per_s']:14.2f} {s['omni_audio_s_per_s']:10.2f} "
             f"{s['ratio_median']:10.2f}x"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    write_result(args.json, result, dtype="float32")
     if args.png:
         write_png(result, args.png)
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Text-to-image throughput: diffusers' pipeline called once per prompt vs OmniLLM.
 
-    .venv/bin/python benchmarks/omni_throughput.py --json out/omni.json --png out/omni.png
+    python -m benchmarks.omni_throughput --json out/omni.json --png out/omni.png
 
 Two configurations, 16 prompts each (seeds 0..15), in one run:
 - `tiny`: the tiny Qwen-Image pipeline of the tests (2-layer DiT, 2 heads of 32), 128x128.
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.common import write_result
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 WIDE_DIT = dict(
@@ -271,9 +272,7 @@ def main() -> None:
             f"{s['baseline_images_per_s']:16.2f} {s['omni_images_per_s']:14.2f} "
             f"{s['ratio_median']:11.2f}x {'':12s}{s['max_pixel_diff']:3d}"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({r.config.name: r.summary() for r in results}, indent=2))
+    write_result(args.json, {r.config.name: r.summary() for r in results}, dtype="float32")
     if args.png:
         write_png(results, args.png)
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Load test of the omni image server: N requests at concurrency C.
 
-    .venv/bin/python benchmarks/serve_load.py --requests 200 --concurrency 16 --json out/load.json
+    python -m benchmarks.serve_load --requests 200 --concurrency 16 --json out/load.json
 
 Starts `vllm-omni serve <tiny Qwen-Image> --enforce-eager` on loopback (or uses --url), warms
 it up, then sends the requests with the official openai client while a second thread polls
@@ -19,12 +19,8 @@ prints the ratios: the cost of not sizing the encoder's cache for one step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,41 +31,8 @@ import openai
 import psutil
 import requests
 
+from benchmarks.common import BIN, ServerProcess, alternate, geomean, percentile, write_result
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
-
-
-def start_server(
-    model: str, extra: list[str] = ()
-) -> tuple[subprocess.Popen, str, tempfile._TemporaryFileWrapper]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tempfile.NamedTemporaryFile("w+", prefix="serve-load-", suffix=".log")
-    binary = Path(sys.executable).parent / "vllm-omni"
-    cmd = [
-        str(binary),
-        "serve",
-        model,
-        "--enforce-eager",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *extra,
-    ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited:\n{Path(log.name).read_text()[-4000:]}")
-        try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    raise TimeoutError("server did not start")
 
 
 def memory_mib(pid: int) -> dict[str, float]:
@@ -143,11 +106,6 @@ def run_load(client, n: int, args, offset: int = 0) -> tuple[list[float], list[s
     return [r[0] for r in results], [r[1] for r in results if r[1]]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
 GENERATION_KV_YAML = """
 stages:
   - name: text_encoder
@@ -168,11 +126,15 @@ stages:
 
 
 def run_one(args, url: str | None, model: str | None, extra: list[str] = ()) -> dict:
-    proc = log = None
-    pid = None
-    if url is None:
-        proc, url, log = start_server(model, list(extra))
-        pid = proc.pid
+    """The load against `url`, or against a server of `model` started for it."""
+    if url is not None:
+        return measure_load(args, url, None)
+    command = [str(BIN / "vllm-omni"), "serve", model, "--enforce-eager", *extra]
+    with ServerProcess(command, timeout_s=600) as server:
+        return measure_load(args, server.url, server.proc.pid)
+
+
+def measure_load(args, url: str, pid: int | None) -> dict:
     client = openai.OpenAI(
         base_url=f"{url}/v1",
         api_key=os.environ.get("OPENAI_API_KEY", "none"),
@@ -180,23 +142,17 @@ def run_one(args, url: str | None, model: str | None, extra: list[str] = ()) -> 
         timeout=600,
     )
     unknown = dict.fromkeys(("server_rss", "with_stages_rss", "server_pss", "with_stages_pss"))
-    try:
-        run_load(client, args.warmup, args, offset=10**6)
-        mem_before = memory_mib(pid) if pid else unknown
-        cpu_before = cpu_seconds(pid) if pid else {}
-        poller = HealthPoller(url)
-        poller.start()
-        start = time.monotonic()
-        latencies, errors = run_load(client, args.requests, args)
-        wall = time.monotonic() - start
-        poller.stop()
-        mem_after = memory_mib(pid) if pid else unknown
-        cpu = {k: v - cpu_before.get(k, 0.0) for k, v in (cpu_seconds(pid) if pid else {}).items()}
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=60)
-            log.close()
+    run_load(client, args.warmup, args, offset=10**6)
+    mem_before = memory_mib(pid) if pid else unknown
+    cpu_before = cpu_seconds(pid) if pid else {}
+    poller = HealthPoller(url)
+    poller.start()
+    start = time.monotonic()
+    latencies, errors = run_load(client, args.requests, args)
+    wall = time.monotonic() - start
+    poller.stop()
+    mem_after = memory_mib(pid) if pid else unknown
+    cpu = {k: v - cpu_before.get(k, 0.0) for k, v in (cpu_seconds(pid) if pid else {}).items()}
     report = {
         "requests": args.requests,
         "concurrency": args.concurrency,
@@ -274,19 +230,26 @@ def main() -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as graph:
             graph.write(GENERATION_KV_YAML)
             graph.flush()
-            runs: dict[str, list[dict]] = {"one_step_kv": [], "generation_kv": []}
-            for name in ("one_step_kv", "generation_kv", "generation_kv", "one_step_kv"):
-                print(f"\n[{name}]")
-                extra = ["--stage-configs", graph.name] if name == "generation_kv" else []
-                runs[name].append(run_one(args, None, model, extra))
+
+            def arm(name: str, extra: list[str]):
+                def run() -> dict:
+                    print(f"\n[{name}]")
+                    return run_one(args, None, model, extra)
+
+                return run
+
+            arms = {
+                "one_step_kv": arm("one_step_kv", []),
+                "generation_kv": arm("generation_kv", ["--stage-configs", graph.name]),
+            }
+            runs = alternate(arms, 2)
         measures = {
             "throughput_rps": lambda r: r["throughput_rps"],
             "with_stages_pss": lambda r: r["memory_mib_after"]["with_stages_pss"],
         }
         pairs = list(zip(runs["one_step_kv"], runs["generation_kv"]))
         ratios = {
-            key: statistics.geometric_mean(get(a) / get(b) for a, b in pairs)
-            for key, get in measures.items()
+            key: geomean([get(a) / get(b) for a, b in pairs]) for key, get in measures.items()
         }
         report = {**runs, "ratios_one_step_over_generation": ratios}
         print(
@@ -294,9 +257,7 @@ def main() -> None:
             f"{ratios['throughput_rps']:.2f}x, memory with stage processes (PSS) "
             f"{ratios['with_stages_pss']:.2f}x"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_result(args.json, report, dtype="auto")
 
 
 if __name__ == "__main__":

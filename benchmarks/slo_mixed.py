@@ -2,7 +2,7 @@
 """Mixed long and short traffic against a live PP=2 server: plain vLLM (fcfs, priority), CPP,
 and CPP with SLO-aware scheduling.
 
-    .venv/bin/python benchmarks/slo_mixed.py --json out/slo.json
+    python -m benchmarks.slo_mixed --json out/slo.json
 
 For each server configuration: start `vllm-omni serve <tiny llama> -pp 2 ...`, measure unloaded
 TTFT/TPOT of short prompts and the solo TTFT of each long prompt, then replay one seeded trace
@@ -21,15 +21,12 @@ TPOT, throughput. The JSON file holds {regime: {configuration: {load: figures}}}
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -37,6 +34,7 @@ from pathlib import Path
 
 import requests
 
+from benchmarks.common import BIN, ServerProcess, alternate, write_result
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 CONFIGS = {
@@ -89,55 +87,14 @@ def token_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(10, VOCAB) for _ in range(n)]
 
 
-class Server:
-    def __init__(self, model: str, extra: list[str], dtype: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        # Kept if the server dies (its path is printed then), removed after a clean stop.
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="slo-", suffix=".log", delete=False)
-        cmd = [
-            str(Path(sys.executable).parent / "vllm-omni"),
-            "serve",
-            model,
-            "-pp",
-            "2",
-            "--max-model-len",
-            "40000",
-            "--no-enable-prefix-caching",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--served-model-name",
-            "m",
-            "--dtype",
-            dtype,
-            *extra,
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(Path(self.log.name).read_text()[-3000:])
-            try:
-                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise TimeoutError("server did not start")
+class Server(ServerProcess):
+    """A CPP server of one configuration (`extra`: its flags) for the token-id trace."""
 
-    def stop(self) -> None:
-        died = self.proc.poll() is not None
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-        self.log.close()
-        if died:
-            print(f"the server had exited ({self.proc.returncode}); its log: {self.log.name}")
-        else:
-            Path(self.log.name).unlink()
+    def __init__(self, model: str, extra: list[str], dtype: str) -> None:
+        command = [str(BIN / "vllm-omni"), "serve", model, "-pp", "2", "--max-model-len", "40000",
+                   "--no-enable-prefix-caching", "--served-model-name", "m", "--dtype", dtype,
+                   *extra]  # fmt: skip
+        super().__init__(command, timeout_s=600)
 
     def complete(self, sample: Sample, prompt: list[int], priority: int, xargs: dict) -> None:
         body = {
@@ -341,14 +298,16 @@ def main() -> None:
         dtype = str(resolved_on_this_cpu(torch.bfloat16)).removeprefix("torch.")
     print(f"dtype: {dtype}", flush=True)
     ensure_calibration(model, dtype, max(longs))
-    runs: dict[str, list[dict]] = {name: [] for name in args.configs.split(",")}
-    for rep in range(args.repeats):
-        names = list(runs)
-        if rep % 2:  # alternate the order: on a VM whose speed drifts, each pays the drift
-            names.reverse()
-        for name in names:
-            print(f"--- repeat {rep + 1}/{args.repeats}: {name}", flush=True)
-            runs[name].append(run_server(name, model, dtype, longs, regimes, args))
+
+    def arm(name: str):
+        def run() -> dict:
+            print(f"--- {name}", flush=True)
+            return run_server(name, model, dtype, longs, regimes, args)
+
+        return run
+
+    # Alternated: on a VM whose speed drifts, each configuration pays the drift.
+    runs = alternate({name: arm(name) for name in args.configs.split(",")}, args.repeats)
     # results[regime][config][load]: the median run's figures, every run under "runs"
     results = {
         r: {name: {load: merged([run[r][load] for run in rs]) for load in rs[0][r]}
@@ -359,18 +318,15 @@ def main() -> None:
         print_table(regime, results[regime], args.loads.split(","))
         if "CPP" in runs and "CPP+SLO" in runs:
             print_paired(regime, runs["CPP+SLO"], runs["CPP"], args.loads.split(","))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_result(args.json, results, dtype=dtype)
 
 
 def run_server(name: str, model: str, dtype: str, longs, regimes, args) -> dict:
     """One server of this configuration: its unloaded latencies (its SLOs are scaled to them),
     then the trace at every load. Returns {regime: {load: figures}}."""
     results: dict[str, dict] = {r: {} for r in regimes}
-    server = Server(model, CONFIGS[name], args.dtype)
     reads_slos = "--cpp-slo" in CONFIGS[name]
-    try:
+    with Server(model, CONFIGS[name], dtype) as server:
         ttft, tpot, solo = unloaded(server, random.Random(args.seed + 99), longs)
         print(
             f"[{name}] unloaded TTFT {ttft}, TPOT {tpot * 1e3:.1f} ms, solo long {solo}",
@@ -411,8 +367,6 @@ def run_server(name: str, model: str, dtype: str, longs, regimes, args) -> dict:
                         f"{summary['client_tpot_met']})",
                         flush=True,
                     )
-    finally:
-        server.stop()
     return results
 
 

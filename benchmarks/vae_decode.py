@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Qwen-Image VAE decode of still images: diffusers' own path vs vllm_omni's single-frame path.
 
-    .venv/bin/python benchmarks/vae_decode.py --json out/vae_decode.json
+    python -m benchmarks.vae_decode --json out/vae_decode.json
 
 Both VAEs load the same weights (the tiny Qwen-Image's, or `--model DIR` for any Qwen-Image
 pipeline folder); each size is decoded alternately by the two, `--runs` times, after a warm-up.
@@ -12,13 +12,13 @@ between the two decodes (both take the same latents).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import write_result
 from vllm_omni.models.qwen_image.vae_fast_path import accelerate_vae
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
@@ -70,12 +70,10 @@ def main() -> None:
             f"vllm_omni {row['vllm_omni_ms']:.1f} ms, {row['speedup']:.2f}x, "
             f"max |diff| {row['max_abs_diff']:.1e} (images in [-1, 1])"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        model = str(args.model) if args.model else "tiny:qwen-image"  # no machine's paths
-        out = {"args": vars(args) | {"json": str(args.json), "model": model},
-               "threads": torch.get_num_threads(), "rows": rows}  # fmt: skip
-        args.json.write_text(json.dumps(out, indent=2))
+    model = str(args.model) if args.model else "tiny:qwen-image"  # no machine's paths
+    out = {"args": vars(args) | {"json": str(args.json), "model": model},
+           "threads": torch.get_num_threads(), "rows": rows}  # fmt: skip
+    write_result(args.json, out, dtype="float32")
 
 
 if __name__ == "__main__":

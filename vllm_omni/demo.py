@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import time
 import traceback
@@ -34,6 +35,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from vllm_omni.engine.ar_stage import ENGINE_SHUTDOWN_TIMEOUT_S  # noqa: E402
+
+LOGGING_LEVEL_ENV = "VLLM_LOGGING_LEVEL"
+# vLLM's "WARNING mm-dd ..." lines, Python's "...Warning: ...", and torch's C++ "[W...]" ones.
+WARNING_LINE = re.compile(r"^(WARNING|ERROR) |\w+Warning: |^\[W\d")
 
 _terminal = sys.stdout
 """Where the demo's own lines go; the engines' logs go to a file unless --verbose."""
@@ -252,16 +257,20 @@ def main(argv: list[str] | None = None) -> None:
         "--out", type=Path, default=Path("demo-output"), help="where images and speech go"
     )
     parser.add_argument(
-        "--verbose", action="store_true", help="show the engines' logs (default: OUT/demo.log)"
+        "--verbose",
+        action="store_true",
+        help=f"show the engines' logs (also if {LOGGING_LEVEL_ENV} is set; default: OUT/demo.log)",
     )
     args = parser.parse_args(argv)
-    if args.verbose:
+    if args.verbose or LOGGING_LEVEL_ENV in os.environ:  # the user chose what to see
         run(args)
         return
     log = args.out / "demo.log"
     print(f"[demo] engine logs: {log} (--verbose shows them here)", flush=True)
     with engine_logs_to(log):
         run(args)
+    warnings = sum(1 for line in log.read_text().splitlines() if WARNING_LINE.search(line))
+    print(f"[demo] done; the engines logged {warnings} warnings, all in {log}", flush=True)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -3,16 +3,9 @@
 
 import pytest
 
+from benchmarks import cpp_fresh
 from vllm_omni.cpp.cost_model import CostModel
 from vllm_omni.cpp.simulator import simulate
-
-from .loader import load_benchmark
-
-
-@pytest.fixture(scope="module")
-def cpp_fresh():
-    with load_benchmark("cpp_fresh") as module:
-        yield module
 
 
 def records_of(timeline) -> list[list[dict]]:
@@ -23,7 +16,7 @@ def records_of(timeline) -> list[list[dict]]:
     ]
 
 
-def test_handoff_check_tells_the_two_pipelines_apart(cpp_fresh):
+def test_handoff_check_tells_the_two_pipelines_apart():
     model = CostModel(linear=1.0, attention=0.0, step_overhead=0.0, unit="s")
     sawtooth = [4, 3, 4, 3, 4, 3]  # every rise costs under the rendezvous hand-off
     for rendezvous in (False, True):
@@ -35,7 +28,7 @@ def test_handoff_check_tells_the_two_pipelines_apart(cpp_fresh):
         assert (other < 1.0) if rendezvous else (other > 1.0)
 
 
-def test_step_gaps_count_idle_time_per_rank(cpp_fresh):
+def test_step_gaps_count_idle_time_per_rank():
     model = CostModel(linear=1.0, attention=0.0, step_overhead=0.0, unit="s")
     run = simulate([1, 3, 1, 3], model, 2, rendezvous=True)  # test_simulator's hand example
     gaps = cpp_fresh.step_gaps([records_of(run.timeline)])

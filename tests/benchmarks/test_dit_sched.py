@@ -3,15 +3,14 @@
 
 import pytest
 
-from .loader import load_benchmark
+from benchmarks import dit_sched
 
 SLO_MS = {"small": 100.0, "large": 300.0}
 
 
 @pytest.fixture(scope="module")
 def bench():
-    with load_benchmark("dit_sched") as module:
-        yield module
+    return dit_sched
 
 
 def _jobs(bench, kinds: str) -> list:

@@ -5,7 +5,7 @@ from argparse import Namespace
 
 import pytest
 
-from .loader import load_benchmark
+from benchmarks import dit_sched_sim
 
 # Seconds as (fixed, per request): the tiny Qwen-Image's DiT on a 2-core CPU, about.
 COSTS = {64: {"step": (0.003, 0.0003), "decode": (0.01, 0.003)},
@@ -15,8 +15,7 @@ SLO_MS = {"small": 236, "large": 1058}
 
 @pytest.fixture(scope="module")
 def sim():
-    with load_benchmark("dit_sched_sim") as module:
-        yield module
+    return dit_sched_sim
 
 
 def _run(sim, policy: str, rate: float, contention: float) -> dict:

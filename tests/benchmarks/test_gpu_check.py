@@ -16,7 +16,8 @@ def test_dry_run_measures_every_part_without_vllm(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            "benchmarks/gpu_check.py",
+            "-m",
+            "benchmarks.gpu_check",
             "--dry-run",
             "--json",
             str(out),
@@ -30,6 +31,7 @@ def test_dry_run_measures_every_part_without_vllm(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
+    assert report["provenance"]["dtype"] == "float32"
 
     dit = report["dit"]
     assert "skipped" not in dit

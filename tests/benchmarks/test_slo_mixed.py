@@ -3,13 +3,12 @@
 
 import pytest
 
-from .loader import load_benchmark
+from benchmarks import slo_mixed
 
 
 @pytest.fixture(scope="module")
 def bench():
-    with load_benchmark("slo_mixed") as module:
-        yield module
+    return slo_mixed
 
 
 def _run(bench, goodput: float, attainment: float, ratios: list[float]) -> dict:

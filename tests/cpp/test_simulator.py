@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -30,10 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("cpp_sim", REPO / "benchmarks" / "cpp_sim.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import cpp_sim
+
+    return cpp_sim
 
 
 def test_module_imports_neither_torch_nor_vllm():
