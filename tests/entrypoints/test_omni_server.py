@@ -158,12 +158,14 @@ def test_openai_client_sees_bad_request(client) -> None:
         client.images.generate(prompt="x", size="64x70")
 
 
-def test_api_key_guards_every_route(server) -> None:
+def test_api_key_guards_the_api_routes(server) -> None:
+    """As on vLLM's server: /v1 needs the key; probes and scrapers do not."""
+    for path in ("/health", "/metrics"):
+        assert requests.get(f"{server.url}{path}", timeout=30).status_code == 200, path
     for method, path in [
-        ("get", "/health"),
         ("get", "/v1/models"),
-        ("get", "/metrics"),
         ("post", "/v1/images/generations"),
+        ("post", "/v1/chat/completions"),
     ]:
         r = requests.request(method, f"{server.url}{path}", json={"prompt": "x"}, timeout=30)
         assert r.status_code == 401, path

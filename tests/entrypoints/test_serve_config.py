@@ -54,6 +54,14 @@ def test_cpp_and_engine_flags_reach_the_ar_stages(tmp_path) -> None:
     assert "cpp" in engine_args["additional_config"]
 
 
+def test_api_key_from_the_environment_as_vllm_reads_it(tmp_path, monkeypatch) -> None:
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert server_config(_args(str(tmp_path))).api_keys == ("from-env",)
+    flag = _args(str(tmp_path), "--api-key", "from-flag")
+    assert server_config(flag).api_keys == ("from-flag",)  # the flag wins, as in vLLM
+
+
 def test_plain_flags_leave_the_graph_alone(tmp_path) -> None:
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
     config = server_config(_args(str(tmp_path)))
@@ -101,7 +109,8 @@ def test_bad_dit_cache_names_the_setting(tmp_path, value, field) -> None:
 
 def test_cuda_stages_start_with_the_memory_plans_share(tiny_models, monkeypatch) -> None:
     """On CUDA (faked here: no GPU on this machine), each AR stage gets the memory plan's
-    gpu_memory_utilization unless the user set one; without CUDA, vLLM's default stays."""
+    gpu_memory_utilization unless the user set one, which every AR stage gets; without CUDA,
+    vLLM's default stays."""
     from types import SimpleNamespace
 
     import torch
@@ -114,7 +123,7 @@ def test_cuda_stages_start_with_the_memory_plans_share(tiny_models, monkeypatch)
     share = _engine_args(server_config(_args(model)))["gpu_memory_utilization"]
     assert 0 < share <= 0.92
     chosen = _args(model, "--gpu-memory-utilization", "0.5")
-    assert "gpu_memory_utilization" not in _engine_args(server_config(chosen))
+    assert _engine_args(server_config(chosen))["gpu_memory_utilization"] == 0.5
 
 
 def _engine_args(config) -> dict:

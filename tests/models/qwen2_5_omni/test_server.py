@@ -5,6 +5,7 @@ official openai client against a live server on loopback."""
 from __future__ import annotations
 
 import base64
+import time
 
 import openai
 import pytest
@@ -160,6 +161,39 @@ def test_streamed_text(client, reference_text):
     stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, **GREEDY)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     assert text == reference_text
+
+
+def _chat_requests(server, status: str) -> float:
+    """The server's count of chat requests that ended with `status`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{server.url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = {"endpoint": "chat", "status": status}
+            if sample.name == "vllm_omni:requests_total" and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def test_streamed_reply_is_counted_by_how_it_ended(server):
+    """A stream read to its end counts as finished; one the client drops, as cancelled."""
+    url = f"{server.url}/v1/chat/completions"
+    speech = {"modalities": ["text", "audio"], "audio": {"voice": "Ethan", "format": "pcm16"}}
+    body = {"model": MODEL, "messages": MESSAGES, "stream": True, "max_tokens": 64, **speech}
+    before = {s: _chat_requests(server, s) for s in ("finished", "cancelled")}
+    with requests.post(url, json=body, stream=True, timeout=120) as response:
+        assert response.status_code == 200
+        assert b"[DONE]" in b"".join(response.iter_lines())
+    with requests.post(url, json=body, stream=True, timeout=120) as response:
+        next(response.iter_lines())  # the first event, then the connection closes
+    deadline = time.monotonic() + 30
+    while _chat_requests(server, "cancelled") == before["cancelled"]:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert _chat_requests(server, "finished") == before["finished"] + 1
+    assert _chat_requests(server, "cancelled") == before["cancelled"] + 1
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,8 @@ class OmniServeCommand(ServeSubcommand):
         omni.add_argument(
             "--stage-configs",
             default=None,
-            help="YAML stage graph to serve (default: the model's built-in graph; docs/omni.md)",
+            help="YAML stage graph to serve (default: the model's built-in graph; "
+            "docs/stage_graphs.md)",
         )
         omni.add_argument(
             "--stage-backend",
@@ -74,7 +75,7 @@ class OmniServeCommand(ServeSubcommand):
             help="first-block residual caching in the graph's DiT stages: a threshold (e.g. "
             "0.2) or a JSON object of ResidualCacheConfig fields (threshold, warmup_steps, "
             "final_steps, max_consecutive). Off by default; requests may still set "
-            "cache_threshold (docs/omni.md, 'Residual caching')",
+            "cache_threshold (docs/dit_acceleration.md)",
         )
         omni.add_argument(
             "--dit-scheduling-policy",
@@ -82,8 +83,8 @@ class OmniServeCommand(ServeSubcommand):
             default=None,
             help="how DiT stages pick requests at each denoising step: fcfs (arrival order, all "
             "running requests advance) or deadline (least slack first by each request's "
-            "latency_slo_ms: the most urgent request and others of its size advance; "
-            "starvation guard)",
+            "latency_slo_ms: the most urgent request and others of its size advance, other sizes "
+            "as far as the requests still on time can spare the time; starvation guard)",
         )
         omni.add_argument(
             "--dit-admission-control",
@@ -143,19 +144,27 @@ def _residual_cache(value: str | None) -> dict | None:
 
 
 def _planned_memory(args: argparse.Namespace, graph) -> dict[str, float]:
-    """On CUDA, each AR stage's gpu_memory_utilization from the memory plan (logged), unless
-    the user set --gpu-memory-utilization; vLLM's default would give every stage 0.9 of the
-    device that they share."""
+    """Each AR stage's gpu_memory_utilization: the user's --gpu-memory-utilization for every
+    stage, else on CUDA the memory plan's share (logged); vLLM's default would give every stage
+    0.92 of the device that they share."""
     from vllm.engine.arg_utils import EngineArgs
 
     from vllm_omni.engine.memory_plan import plan_for_this_device
 
     if args.gpu_memory_utilization != EngineArgs.gpu_memory_utilization:
-        return {}
+        chosen = args.gpu_memory_utilization
+        return {s.name: chosen for s in graph.stages if s.engine_type == "AR"}
     plan = plan_for_this_device(args.model, graph, args.dtype, args.max_model_len)
     if plan is None:
         return {}
     return {s.name: s.gpu_memory_utilization for s in plan.stages if s.engine_type == "AR"}
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key, else VLLM_API_KEY, as vLLM's own server reads them."""
+    import vllm.envs as envs
+
+    return tuple(key for key in (args.api_key or [envs.VLLM_API_KEY]) if key)
 
 
 def server_config(args: argparse.Namespace):
@@ -209,7 +218,7 @@ def server_config(args: argparse.Namespace):
         model=args.model,
         graph=graph.with_overrides(overrides),
         served_model_name=(args.served_model_name or [args.model])[0],
-        api_keys=tuple(args.api_key or ()),
+        api_keys=_api_keys(args),
         max_pixels=args.max_image_pixels,
         max_request_steps=args.max_request_steps,
         stage_configs=args.stage_configs,

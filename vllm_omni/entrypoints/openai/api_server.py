@@ -60,15 +60,16 @@ class ServerConfig:
 
 
 class APIKeyMiddleware:
-    """Every route needs `Authorization: Bearer <key>`. Plain ASGI (not Starlette's
-    BaseHTTPMiddleware, which hides the client's disconnect from the endpoint)."""
+    """The API routes (under /v1) need `Authorization: Bearer <key>`; /health, /metrics and
+    the schema stay open for probes and scrapers, as on vLLM's own server. Plain ASGI (not
+    Starlette's BaseHTTPMiddleware, which hides the client's disconnect from the endpoint)."""
 
     def __init__(self, app, api_keys: tuple[str, ...]) -> None:
         self.app = app
         self.api_keys = api_keys
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             if header.removeprefix("Bearer ").strip() not in self.api_keys:
                 body = error_body(

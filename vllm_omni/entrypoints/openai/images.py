@@ -30,6 +30,7 @@ from vllm_omni.entrypoints.openai.server_utils import (
     OmniServer,
     cancel_on_disconnect,
     client_error,
+    gather_or_cancel,
 )
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
@@ -51,7 +52,7 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
             return None, client_error(e)
         jobs = [omni.run_prepared(*x) for x in prepared]
         try:
-            return await cancel_on_disconnect(request, asyncio.gather(*jobs)), None
+            return await cancel_on_disconnect(request, gather_or_cancel(*jobs)), None
         except ClientDisconnected:
             server.metrics.requests.labels(endpoint, "cancelled").inc()
             return None, Response(status_code=499)

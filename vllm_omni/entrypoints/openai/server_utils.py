@@ -56,6 +56,19 @@ async def cancel_on_disconnect(request: Request, work: Awaitable):
             raise ClientDisconnected
 
 
+async def gather_or_cancel(*jobs: Awaitable) -> list:
+    """`asyncio.gather` of `jobs`, except that the first failure cancels the others before it
+    is raised: the images of one request that can no longer succeed stop taking DiT steps."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def next_output(events: asyncio.Queue):
     """The next text delta, final output or error of a request (stage start/finish events are
     skipped)."""

@@ -27,7 +27,7 @@ import json
 import time
 import uuid
 import wave
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -225,10 +225,16 @@ def completion(body: SpeechChatRequest, out, model: str) -> dict[str, Any]:
 
 
 async def stream_events(
-    body: SpeechChatRequest, events: asyncio.Queue, first: Any, model: str, request_id: str
+    body: SpeechChatRequest,
+    events: asyncio.Queue,
+    first: Any,
+    model: str,
+    request_id: str,
+    on_end: Callable[[str], None] = lambda outcome: None,
 ) -> AsyncIterator[str]:
     """Server-sent events from the request's StageDelta / RequestFinished items (`first` was
-    taken from the queue already, to refuse a request that fails before anything is sent)."""
+    taken from the queue already, to refuse a request that fails before anything is sent).
+    `on_end` hears how the reply ended: "finished" or "failed" (nothing if it was cut off)."""
     created = int(time.time())
     audio_id = f"audio_{uuid.uuid4().hex}"
 
@@ -251,6 +257,7 @@ async def stream_events(
         if isinstance(event, Exception):
             error = {"message": str(event), "type": "internal_error", "code": 500}
             yield f"data: {json.dumps({'error': error})}\n\n"
+            on_end("failed")
             break
         if isinstance(event, RequestFinished):
             out = event.output
@@ -262,6 +269,7 @@ async def stream_events(
             if speaking:
                 yield chunk({"audio": {"id": audio_id, "expires_at": created + AUDIO_TTL_S}})
             yield chunk({}, out.finish_reason)
+            on_end("finished")
             break
         audio = getattr(event, "data", {}).get("audio")
         if speaking and audio is not None:  # a chunk from a streaming code2wav
@@ -324,16 +332,20 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
         if body.stream:
 
             async def sse():
+                ended: list[str] = []
                 try:
+                    queue = OutputQueue(events)
+                    model = server.model_name
                     async for line in stream_events(
-                        body, OutputQueue(events), first, server.model_name, request_id
+                        body, queue, first, model, request_id, ended.append
                     ):
                         yield line
                 finally:
                     task.cancel()
+                    outcome = ended[0] if ended else "cancelled"  # the client left mid-stream
+                    server.metrics.requests.labels("chat", outcome).inc()
                     server.metrics.latency.labels("chat").observe(time.monotonic() - start)
 
-            server.metrics.requests.labels("chat", "finished").inc()
             return StreamingResponse(sse(), media_type="text/event-stream")
         try:
             while not isinstance(first, RequestFinished | Exception):
@@ -342,10 +354,11 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
             task.cancel()
             server.metrics.requests.labels("chat", "cancelled").inc()
             return Response(status_code=499)
+        if is_client_error(first):
+            server.metrics.requests.labels("chat", "rejected").inc()
+            return client_error(first)
         if isinstance(first, Exception):
             server.metrics.requests.labels("chat", "failed").inc()
-            if is_client_error(first):
-                return client_error(first)
             return JSONResponse(error_body(str(first), kind="internal_error", code=500), 500)
         server.metrics.requests.labels("chat", "finished").inc()
         server.metrics.latency.labels("chat").observe(time.monotonic() - start)
