@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """CPP on a model it has never seen: online calibration from an empty cache, against plain vLLM.
 
-    python -m benchmarks.cpp_fresh --json docs/results/cpp_fresh.json --offline-check
+    python -m benchmarks.cpp_fresh --offline-check --json docs/results/cpp_fresh_<machine>.json
 
 Builds a Llama of a shape no calibration exists for (`SHAPE`, random weights, seconds to build),
 points the calibration cache at an empty folder, and runs `cpp_ttft.run_both_orders`: each plain

@@ -3,12 +3,12 @@
 
     python -m benchmarks.cpp_limits \\
         --measured docs/results/cpp_ttft.json docs/results/cpp_ttft_both_orders.json \\
-        --slo docs/results/slo_mixed.json --json docs/results/cpp_limits.json
+        --slo docs/results/slo_mixed_avx2_fp32.json --json docs/results/cpp_limits.json
 
 Takes the CPP cost model calibrated on this machine (per stage of the tiny 8-layer Llama at PP=2;
 `benchmarks/cpp_ttft.py` calibrates it on first use) and computes, with `vllm_omni.cpp.limits`:
 
-1. Prefill (the CPP issue). The best makespan of ANY chunk plan at PP=2 (64-token grid, lower
+1. Prefill. The best makespan of ANY chunk plan at PP=2 (64-token grid, lower
    bound over all such plans), so the highest speed-up any scheduler could get over plain PP=1
    (2048-token steps) and over plain PP=2 at each fixed chunk size, next to the targets and to
    CPP's measured ratios (from `cpp_ttft.py --json` files: CPP's chunk plans from the paired

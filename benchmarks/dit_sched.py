@@ -6,8 +6,9 @@
 A seeded mixed trace is replayed, open loop (each request sent at its arrival time, whatever
 the server is doing), against `vllm-omni serve <tiny Qwen-Image>` started once per policy:
 `--dit-scheduling-policy fcfs` (the default: admission in arrival order, every running
-request advances each step) and `--dit-scheduling-policy deadline` (least slack first, one
-image size per step). Both servers get the same trace; `--orders 2` runs them in both orders.
+request advances each step) and `--dit-scheduling-policy deadline` (least slack first; other
+image sizes ride along as far as the requests still on time can spare). Both servers get the same
+trace; `--repeats` alternates them (AB BA ...).
 
 Trace (`--requests`, Poisson arrivals): 75% small images (64x64, 4-8 steps) and 25% large ones
 (192x192, 20-30 steps). Each request's latency SLO is `--slo-x` times its class's unloaded latency

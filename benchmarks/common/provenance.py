@@ -27,14 +27,20 @@ def _git(*args: str) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip()
+    return out.stdout
+
+
+MAX_CHANGED = 20
 
 
 def code() -> dict[str, Any]:
-    """The commit benchmarked and whether the work tree differed from it."""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    """The commit benchmarked, whether the work tree differed from it, and in which files."""
+    commit = (_git("rev-parse", "HEAD") or "").strip() or None
+    status = _git("status", "--porcelain", "--untracked-files=no")  # "XY path" lines
+    if status is None:
+        return {"commit": commit, "dirty": None, "changed": None}
+    changed = [line[3:] for line in status.splitlines()]
+    return {"commit": commit, "dirty": bool(changed), "changed": changed[:MAX_CHANGED]}
 
 
 def _cpuinfo() -> dict[str, str]:

@@ -24,7 +24,7 @@ def test_result_file_carries_its_provenance(tmp_path):
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True, text=True
     ).stdout.strip()
-    assert p["commit"] == head and isinstance(p["dirty"], bool)
+    assert p["commit"] == head and p["dirty"] == bool(p["changed"])
     assert p["cpu"]["model"] and p["cpu"]["cores"] >= 1 and isinstance(p["cpu"]["flags"], list)
     for library in ("python", "torch", "vllm", "diffusers", "transformers"):
         assert library in p["libraries"]

@@ -8,8 +8,9 @@ carry named tensors: `inputs: {prompt_embeds: text_encoder.prompt_embeds}` feeds
 a request once all its source stages have finished it (fan-in); a stage's outputs can feed
 any number of stages (fan-out). Stages without inputs receive the request's prompt.
 
-The YAML file format is this structure (docs/omni.md); every field is validated on load and
-errors name the field, e.g. `stages[1].dit.max_num_seqs: must be an integer >= 1`.
+The YAML file format is this structure (docs/stage_graphs.md; each field in
+docs/configuration.md); every field is validated on load and errors name the field, e.g.
+`stages[1].dit.max_num_seqs: must be an integer >= 1`.
 """
 
 from __future__ import annotations

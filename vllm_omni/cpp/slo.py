@@ -15,8 +15,8 @@ order and how much of the step's compute each may take.
   relative slack instead (slack / SLO, cf. Medha's LARS) let a long prompt that was late, or
   nearly so, hold every short request back until it was as late in relative terms: on
   `benchmarks/slo_mixed.py`'s interactive regime short requests met their 1 s SLO less often than
-  under plain CPP (28-52% against 52-86%, sessions 17-18), and its 32K prompt took 1.38-1.52x
-  its solo TTFT.
+  under plain CPP (28-52% against 52-86%, docs/results/slo_mixed_zen5_*.json), and its 32K
+  prompt took 1.38-1.52x its solo TTFT.
 - Requests without a TTFT SLO come after those with one.
 - `priority` (vLLM's: lower is more important) ranks before all of these.
 - Starvation guard: a request that has waited `max_wait_s` goes to the front.

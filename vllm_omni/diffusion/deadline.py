@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Deadline-aware step scheduling for the DiT stage: least slack first, one shape per step.
+"""Deadline-aware step scheduling for the DiT stage: least slack first.
 
 A request with a latency SLO carries a deadline (wall-clock, set when it entered the omni
 engine). Its slack is the time left before the deadline minus the time its remaining steps
 need, priced by `StepCostModel` (measured seconds per row-step of each image shape). At every
 step boundary the scheduler advances the most urgent request and the requests of the same
-shape that come next in urgency order (one transformer call); the others keep their state in
-the DiT cache and wait (preemption at step boundaries, nothing recomputed). Urgency:
+shape that come next in urgency order (one transformer call), then requests of other shapes as
+far as every request that can still meet its deadline can spare the time; the others keep their
+state in the DiT cache and wait (preemption at step boundaries, nothing recomputed). Urgency:
 
 1. starved requests (not advanced for `starvation_steps` engine steps), longest idle first;
 2. the others by the time they can spare: a request that can still meet its deadline by its
@@ -15,9 +16,9 @@ the DiT cache and wait (preemption at step boundaries, nothing recomputed). Urge
    first). So late requests run in the slack of the on-time requests behind them, all of them
    together, and finish as early as that allows; an on-time request whose slack is less than
    that late work goes first. Late requests also ride along in steps whose other requests can
-   spare the time (the scheduler's `_spare_groups`). The rule of sessions 13-19 compared an
-   on-time request's slack with one late request's work, so a queue of late requests spent
-   that slack together and turned on-time requests late in a cascade.
+   spare the time (the scheduler's `_spare_groups`). Comparing an on-time request's
+   slack with one late request's work instead would let a queue of late requests spend that
+   slack together and turn on-time requests late in a cascade.
 
 Admission control (optional) refuses, at arrival, a request that cannot finish in time even
 if it ran before every request with a later deadline (an EDF feasibility check).

@@ -25,7 +25,7 @@ class DiffusionSamplingParams:
     (the output reports it, so any image can be reproduced). Classifier-free guidance runs only
     with a `negative_prompt` and `true_cfg_scale > 1`, as in diffusers' Qwen-Image pipeline.
     `cache_threshold`: this request's first-block residual caching threshold (None: the stage's
-    `residual_cache` setting; 0: off; docs/omni.md "Residual caching"); step scheduling only.
+    `residual_cache` setting; 0: off; docs/dit_acceleration.md); step scheduling only.
     `latency_slo_ms`: end-to-end latency target; the DiT stage turns it into `deadline`
     (wall-clock seconds, `time.time()`, counted from when the request entered the omni engine),
     which a `deadline` scheduling policy serves least-slack-first.

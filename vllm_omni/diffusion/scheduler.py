@@ -10,7 +10,8 @@ Two modes, chosen by registered name in the stage config:
   length or guidance. Policy `fcfs`: requests are admitted in arrival order, up to
   `max_num_seqs`, and every engine step advances each of them by one step. Policy
   `deadline` (vllm_omni.diffusion.deadline): every engine step advances the most urgent
-  request and up to `max_num_seqs` - 1 more of its shape; the rest wait, state kept.
+  request and more of its shape, then other shapes as far as the requests that can still meet
+  their deadlines can spare the time, up to `max_num_seqs` in all; the rest wait, state kept.
 
 Not to be confused with vLLM's own `vllm.v1.core.sched.diffusion_scheduler`, which serves
 diffusion *language* models.

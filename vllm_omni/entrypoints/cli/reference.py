@@ -132,7 +132,7 @@ def graph_fields() -> str:
             "## Stage-graph YAML (`--stage-configs`, `OmniLLM(stage_configs=...)`)",
             "",
             "Every field is checked when the graph loads; an error names it "
-            "(`stages[1].dit.max_num_seqs: must be an integer >= 1`). docs/omni.md shows "
+            "(`stages[1].dit.max_num_seqs: must be an integer >= 1`). docs/stage_graphs.md shows "
             "graphs.",
             "",
             field_table(StageGraph, "the graph"),

@@ -8,7 +8,7 @@ from typing import Any
 
 def stage_graph() -> dict[str, Any]:
     """The DiT stage decodes its own latents. A separate `vae_decoder` stage is an option
-    (docs/omni.md): on this 2-core machine it was no faster for the tiny model and slower for a
+    (docs/stage_graphs.md): on a 2-core CPU it is no faster for the tiny model and slower for a
     compute-bound DiT, which then has fewer cores to itself."""
     return {
         "model_type": "qwen_image",

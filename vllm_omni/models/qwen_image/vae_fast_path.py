@@ -7,7 +7,7 @@ kernel's last temporal tap: the convolution is a 2-D one with that slice of the 
 CPU `conv3d` runs these shapes on its reference kernel (`aten::slow_conv3d_forward`, no oneDNN),
 10-25x slower than the equal `conv2d`, and the VAE's RMS norm (`F.normalize` over the channels of
 a 5-D tensor) is 10-25x slower than the same sum of squares written out. On the tiny pipeline the
-two made 90% of a 192x192 decode (190 ms of it on an AVX2 EPYC; docs/omni.md, "VAE decode").
+two made 90% of a 192x192 decode (docs/dit_acceleration.md, "CPU VAE decode fast path").
 
 SCOPE: the modules of one loaded VAE (`accelerate_vae(vae)`), never diffusers' classes, so a
 reference pipeline loaded elsewhere keeps diffusers' own path. The fast path runs only on CPU
