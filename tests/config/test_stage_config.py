@@ -128,8 +128,8 @@ def test_built_in_graphs(tmp_path: Path) -> None:
 
     other = tmp_path / "other"
     other.mkdir()
-    (other / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
-    with pytest.raises(ValueError, match="class 'FluxPipeline', which has no built-in stage graph"):
+    (other / "model_index.json").write_text(json.dumps({"_class_name": "NoSuchPipeline"}))
+    with pytest.raises(ValueError, match="class 'NoSuchPipeline', which is not a pipeline class"):
         detect_model_type(other)
     with pytest.raises(
         ValueError,

@@ -145,3 +145,25 @@ def test_work_per_image_request_is_bounded() -> None:
     body = ImageGenerationRequest(prompt="x", n=9, num_inference_steps=446)
     with pytest.raises(ValueError, match=r"^num_inference_steps: .* 4014; the limit is 200"):
         _diffusion_params(body, None, config)
+
+
+def test_which_server_a_local_folder_goes_to(tmp_path) -> None:
+    from vllm_omni.entrypoints.cli.serve import is_multi_stage
+
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    (lm / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert not is_multi_stage(str(lm))  # vLLM's own server
+    sd3 = tmp_path / "sd3"
+    sd3.mkdir()
+    (sd3 / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}))
+    assert is_multi_stage(str(sd3))  # served whole
+    gguf = tmp_path / "gguf"
+    gguf.mkdir()
+    (gguf / "model.gguf").write_text("")
+    assert not is_multi_stage(str(gguf))  # left to vLLM
+    edit = tmp_path / "edit"
+    edit.mkdir()
+    (edit / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    with pytest.raises(SystemExit, match="class 'WanPipeline', which takes 'num_frames'"):
+        is_multi_stage(str(edit))

@@ -12,6 +12,7 @@ import pytest
 
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.models.registry import (
+    ANY_PIPELINE,
     PLAIN_LM,
     ModelFamily,
     detect_family,
@@ -21,7 +22,7 @@ from vllm_omni.models.registry import (
 
 
 def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
-    assert set(families()) == {"qwen_image", "qwen2_5_omni", PLAIN_LM}
+    assert set(families()) == {"qwen_image", "qwen2_5_omni", PLAIN_LM, ANY_PIPELINE}
     for name, family in families().items():
         graph = StageGraph.from_dict(family.graph(), Path("/models/x"))
         assert graph.model_type == name
@@ -43,8 +44,20 @@ def test_detection(tmp_path: Path) -> None:
     assert detect_family(omni).extra_files == ("spk_dict.pt",)
     assert detect_family(checkpoint({"config.json": {"model_type": "llama"}})).name == PLAIN_LM
     flux = checkpoint({"model_index.json": {"_class_name": "FluxPipeline"}})
-    with pytest.raises(ValueError, match=r"'my/flux' is a diffusers pipeline of class 'Flux"):
-        detect_family(flux, "my/flux")
+    assert detect_family(flux).name == ANY_PIPELINE  # text-to-image: served whole
+    edit = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
+    with pytest.raises(
+        ValueError,
+        match=r"'my/edit' is a diffusers pipeline of class 'StableDiffusionImg2ImgPipeline', "
+        r"which takes 'image': only text-to-image pipelines are served whole; no built-in",
+    ):
+        detect_family(edit, "my/edit")
+    video = checkpoint({"model_index.json": {"_class_name": "WanPipeline"}})
+    with pytest.raises(ValueError, match=r"class 'WanPipeline', which takes 'num_frames'"):
+        detect_family(video)
+    odd = checkpoint({"model_index.json": {"_class_name": "AutoencoderKL"}})
+    with pytest.raises(ValueError, match=r"'AutoencoderKL', which is not a pipeline class"):
+        detect_family(odd)
     with pytest.raises(ValueError, match=r"model_type: unknown family 'wan'"):
         get_family("wan")
 
@@ -69,7 +82,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
     from vllm_omni.models.registry import executor_kinds, processors
 
     assert set(processors()) == {"qwen_image_prompt", "qwen25_omni_thinker", "qwen25_omni_talker"}
-    assert set(executor_kinds()) == {"diffusers", "vae_decoder", "code2wav"}
+    assert set(executor_kinds()) == {"diffusers", "vae_decoder", "code2wav", "diffusers_pipeline"}
     for family in families().values():
         for stage in family.graph()["stages"]:
             if "processor" in stage:

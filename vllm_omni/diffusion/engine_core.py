@@ -6,10 +6,11 @@ DiffusionScheduler, a family's StageExecutor (vllm_omni.diffusion.executor_kind)
 DiTCacheManager in place of vLLM's. Why not
 vLLM's EngineCore itself: see docs/architecture.md ("Why the DiT stage has its own loop").
 
-Messages in (`inbox`): ("add", request_id, (inputs, params)), ("abort", request_id, None),
-("stats", token, None), ("shutdown", None, None). Messages out (`outbox`): ("ready", None,
-info), ("error", None, traceback), ("done", request_id, result), ("failed", request_id,
-the exception), ("step", None, (start, end, num_requests)), ("stats", token, stats).
+Messages in (`inbox`): ("add", request_id, (inputs, params)) (inputs: numpy arrays and text),
+("abort", request_id, None), ("stats", token, None), ("shutdown", None, None). Messages out
+(`outbox`): ("ready", None, info), ("error", None, traceback), ("done", request_id, result),
+("failed", request_id, the exception), ("step", None, (start, end, num_requests)), ("stats",
+token, stats).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 import traceback
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheConfig, DiTCacheManager
@@ -136,7 +138,10 @@ def _handle(core: DiffusionEngineCore, message: tuple, outbox) -> bool:
     kind, key, payload = message
     if kind == "add":
         arrays, params = payload
-        inputs = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        inputs = {
+            name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+            for name, value in arrays.items()
+        }
         try:
             core.add_request(key, inputs, params)
         except (ValueError, DeadlineUnreachable) as e:

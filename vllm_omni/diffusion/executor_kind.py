@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vllm_omni.diffusion.params import DiffusionSamplingParams, validate_image_params
+from vllm_omni.errors import FieldError
 
 if TYPE_CHECKING:
     from vllm_omni.diffusion.cache_manager import DiTCacheManager
@@ -164,9 +165,16 @@ class ImageKind(ExecutorKind):
 
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
         assert isinstance(info, ImageStageInfo), info
-        return validate_image_params(
+        params = validate_image_params(
             params, stage, scheduler, info.default_size, info.size_multiple
         )
+        if params.guidance_scale is not None:
+            raise FieldError(
+                "guidance_scale",
+                f"stage {stage!r} takes no guidance_scale (classifier-free guidance: "
+                "negative_prompt and true_cfg_scale)",
+            )
+        return params
 
     def prompt_inputs(self, params: Any) -> dict[str, Any]:
         # Guidance needs the negative prompt encoded, also when it came in the parameters.

@@ -24,6 +24,8 @@ class DiffusionSamplingParams:
     `height`/`width` of None take the pipeline's default size. `seed` of None draws a fresh one
     (the output reports it, so any image can be reproduced). Classifier-free guidance runs only
     with a `negative_prompt` and `true_cfg_scale > 1`, as in diffusers' Qwen-Image pipeline.
+    `guidance_scale`: for pipelines served whole that take one (Stable Diffusion 3, Flux,
+    Z-Image: their own guidance rules); None keeps the pipeline's default.
     `cache_threshold`: this request's first-block residual caching threshold (None: the stage's
     `residual_cache` setting; 0: off; docs/dit_acceleration.md); step scheduling only.
     `latency_slo_ms`: end-to-end latency target; the DiT stage turns it into `deadline`
@@ -35,6 +37,7 @@ class DiffusionSamplingParams:
     width: int | None = None
     num_inference_steps: int = 50
     true_cfg_scale: float = 4.0
+    guidance_scale: float | None = None
     negative_prompt: str | None = None
     seed: int | None = None
     output_type: str = "pil"
@@ -65,6 +68,9 @@ class DiffusionSamplingParams:
             raise FieldError("true_cfg_scale", f"must be a number, got {self.true_cfg_scale!r}")
         if self.true_cfg_scale < 0:
             raise FieldError("true_cfg_scale", f"must be >= 0, got {self.true_cfg_scale}")
+        g = self.guidance_scale
+        if g is not None and (not is_finite(g) or g < 0):
+            raise FieldError("guidance_scale", f"must be None or a number >= 0, got {g!r}")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
             raise FieldError(
                 "negative_prompt", f"must be a string, got {type(self.negative_prompt)}"
@@ -94,7 +100,9 @@ class DiffusionSamplingParams:
             self.width,
             self.num_inference_steps,
             self.true_cfg_scale,
+            self.guidance_scale,
             self.do_cfg,
+            self.negative_prompt is not None,
             self.output_type,
         )
 

@@ -23,11 +23,12 @@ class DiTRequestStatus(enum.Enum):
 class DiTRequest:
     """`params` is resolved (size and seed filled in) and follows the ProcessParams protocol
     (vllm_omni.diffusion.executor_kind). `inputs` holds the named tensors that arrived over the
-    stage graph's edges (e.g. `prompt_embeds`)."""
+    stage graph's edges (e.g. `prompt_embeds`), or for a stage with no source the request's
+    prompt inputs (tensors and text, e.g. `prompt`)."""
 
     request_id: str
     params: Any
-    inputs: dict[str, torch.Tensor]
+    inputs: dict[str, torch.Tensor | str]
     arrival: float = field(default_factory=time.monotonic)
     status: DiTRequestStatus = DiTRequestStatus.WAITING
     num_steps_done: int = 0

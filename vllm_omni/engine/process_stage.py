@@ -136,7 +136,7 @@ class ProcessStage:
         """One request through the stage process; its raw result."""
         future = self._loop.create_future()
         self._pending[request_id] = future
-        arrays = {k: v.detach().cpu().numpy() for k, v in inputs.items() if torch.is_tensor(v)}
+        arrays = {k: _transferable(v) for k, v in inputs.items() if _is_transferable(v)}
         try:
             self._inbox.put(("add", request_id, (self._process.pack(arrays), params)))
             return await future
@@ -224,3 +224,13 @@ class ProcessStage:
 
 def _runs_on_cpu(config) -> bool:
     return config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+
+
+def _is_transferable(value: Any) -> bool:
+    """What crosses to the stage process: tensors (as numpy arrays) and text (a prompt for an
+    executor that runs a whole pipeline from text)."""
+    return torch.is_tensor(value) or isinstance(value, str)
+
+
+def _transferable(value: Any) -> Any:
+    return value.detach().cpu().numpy() if torch.is_tensor(value) else value

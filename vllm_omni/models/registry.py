@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm_omni.diffusion.executor_kind import ExecutorKind
 
-FAMILY_PACKAGES = ("qwen_image", "qwen2_5_omni", "plain_lm")
+FAMILY_PACKAGES = ("qwen_image", "qwen2_5_omni", "plain_lm", "diffusers_pipeline")
 """Folders under vllm_omni/models/ that hold a family (each exports `FAMILY`)."""
 PLAIN_LM = "lm"
 """The family of any transformers model no other family claims: one AR stage."""
+ANY_PIPELINE = "diffusers_pipeline"
+"""The family of any diffusers pipeline no other family claims, served whole if it can be."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class ModelFamily:
     pinned: Callable[[], list] | None = None
     """() -> the fingerprints (vllm_omni._patches.Pinned) of library internals this family's
     code relies on; tests/test_patches.py checks them."""
+    serves_pipeline: Callable[[str], None] | None = None
+    """For the family of pipelines no other family claims: raises ValueError saying why it
+    cannot serve a diffusers pipeline class (the reason reads after "of class X, which")."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -146,11 +151,18 @@ def detect_family(folder: str | Path, name: str | None = None) -> ModelFamily:
         for family in families().values():
             if pipeline in family.pipeline_classes:
                 return family
-        known = sorted(c for f in families().values() for c in f.pipeline_classes)
-        raise ValueError(
-            f"model: {name!r} is a diffusers pipeline of class {pipeline!r}, which has no "
-            f"built-in stage graph (known: {known}); pass a stage graph YAML with --stage-configs"
-        )
+        fallback = get_family(ANY_PIPELINE)
+        assert fallback.serves_pipeline is not None
+        try:
+            fallback.serves_pipeline(pipeline)
+        except ValueError as e:
+            known = sorted(c for f in families().values() for c in f.pipeline_classes)
+            raise ValueError(
+                f"model: {name!r} is a diffusers pipeline of class {pipeline!r}, which {e}; no "
+                f"built-in stage graph serves it (built in: {known} and text-to-image "
+                "pipelines); pass a stage graph YAML with --stage-configs"
+            ) from None
+        return fallback
     if (folder / "config.json").is_file():
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         for family in families().values():

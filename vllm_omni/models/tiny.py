@@ -9,11 +9,13 @@ run writes the same bytes:
 - `qwen2-2l`: `Qwen2ForCausalLM`, 2 layers (fast engine tests).
 - `qwen-image`: a `diffusers.QwenImagePipeline` folder (Qwen2.5-VL text encoder, MMDiT, VAE).
 - `qwen2.5-omni`: `Qwen2_5OmniForConditionalGeneration` (thinker, talker, token2wav, two voices).
+- `sd3`: a `diffusers.StableDiffusion3Pipeline` folder (two CLIPs and a T5, MMDiT, VAE).
+- `z-image`: a `diffusers.ZImagePipeline` folder (Qwen3 text encoder, single-stream DiT, VAE).
 
 Each family's builder is in its folder (`plain_lm/tiny.py`, `qwen_image/tiny.py`,
-`qwen2_5_omni/tiny.py`), what they share in `tiny_common.py`, the tokenizer in
-`tiny_tokenizer.py`. This module is the entry point: the table of models, the cache folder and
-its markers.
+`qwen2_5_omni/tiny.py`, `sd3/tiny.py`, `z_image/tiny.py`), what they share in `tiny_common.py`,
+the tokenizer in `tiny_tokenizer.py`. This module is the entry point: the table of models, the
+cache folder and its markers.
 
     python -m vllm_omni.models.tiny --out DIR [--only NAME ...]
 """
@@ -35,6 +37,8 @@ from vllm_omni.models import tiny_tokenizer as tt
 from vllm_omni.models.plain_lm import tiny as plain_lm_tiny
 from vllm_omni.models.qwen2_5_omni import tiny as qwen25_omni_tiny
 from vllm_omni.models.qwen_image import tiny as qwen_image_tiny
+from vllm_omni.models.sd3 import tiny as sd3_tiny
+from vllm_omni.models.z_image import tiny as z_image_tiny
 
 MARKER = ".complete"
 """Written last into a finished model folder; holds `generator_hash()`."""
@@ -47,6 +51,8 @@ TINY_MODELS: dict[str, Callable[[Path], None]] = {
     "qwen2-2l": plain_lm_tiny.build_qwen2_2l,
     "qwen-image": qwen_image_tiny.build_qwen_image,
     "qwen2.5-omni": qwen25_omni_tiny.build_qwen25_omni,
+    "sd3": sd3_tiny.build_sd3,
+    "z-image": z_image_tiny.build_z_image,
 }
 
 

@@ -26,6 +26,8 @@ HUB_NAMES: dict[str, str] = {
     "Qwen/Qwen2.5-Omni-7B": "qwen2.5-omni",
     "Qwen/Qwen2.5-Omni-3B": "qwen2.5-omni",
     "Qwen/Qwen2.5-0.5B-Instruct": "qwen2-2l",
+    "stabilityai/stable-diffusion-3.5-medium": "sd3",
+    "Tongyi-MAI/Z-Image-Turbo": "z-image",
 }
 """Real repo id -> the tiny model of the same architecture stored under it."""
 

@@ -15,6 +15,7 @@ model given `--stage-configs`, is served by the omni server over its stage graph
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from vllm.entrypoints.cli.serve import ServeSubcommand
 
@@ -33,15 +34,15 @@ def is_multi_stage(
     a plain language model is served by vLLM's own server. `model` is a folder or a hub repo id,
     judged from its config files alone (no weights are fetched). A local file or folder that is
     neither kind is left to vLLM (GGUF, Mistral's format); a hub repo that cannot be read, or
-    is neither kind, is an error naming it."""
+    is neither kind, and a diffusers pipeline no graph serves, are errors naming it."""
     from vllm_omni.config.model_defaults import inspect_model
     from vllm_omni.config.model_source import is_local
 
     try:
         model_type = inspect_model(model, revision=revision, download_dir=download_dir)
     except ValueError as e:
-        if is_local(model):
-            return False
+        if is_local(model) and not (Path(model) / "model_index.json").is_file():
+            return False  # a diffusers pipeline is ours to refuse: vLLM serves none
         raise SystemExit(f"vllm-omni serve: error: {e}") from None
     return model_type != "lm"
 

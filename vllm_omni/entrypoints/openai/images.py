@@ -177,6 +177,8 @@ def _diffusion_params(
         )
     if body.true_cfg_scale is not None:
         kwargs["true_cfg_scale"] = body.true_cfg_scale
+    if body.guidance_scale is not None:
+        kwargs["guidance_scale"] = body.guidance_scale
     if body.cache_threshold is not None:
         kwargs["cache_threshold"] = body.cache_threshold
     if body.latency_slo_ms is not None:

@@ -110,6 +110,13 @@ class ImageOptions(StrictBody):
     )
     negative_prompt: str | None = None
     true_cfg_scale: float | None = Field(None, ge=0, allow_inf_nan=False)
+    guidance_scale: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="For models whose pipeline takes one (served whole: Stable Diffusion 3, "
+        "Flux, Z-Image); default: the pipeline's",
+    )
     cache_threshold: float | None = Field(
         None,
         ge=0,
@@ -144,8 +151,8 @@ class ImageOptions(StrictBody):
 
 class ImageGenerationRequest(ImageOptions):
     """POST /v1/images/generations: OpenAI's fields, plus `seed`, `num_inference_steps`,
-    `negative_prompt`, `true_cfg_scale`, `cache_threshold` and `latency_slo_ms` (send them with
-    the client's `extra_body`)."""
+    `negative_prompt`, `true_cfg_scale`, `guidance_scale`, `cache_threshold` and `latency_slo_ms`
+    (send them with the client's `extra_body`)."""
 
     prompt: str = Field(json_schema_extra=_on_string(minLength=1, pattern=NON_BLANK_PATTERN))
     response_format: Literal["b64_json"] = "b64_json"

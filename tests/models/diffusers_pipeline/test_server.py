@@ -1,0 +1,76 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vllm serve Tongyi-MAI/Z-Image-Turbo --omni` (the tiny Z-Image, served whole): the OpenAI
+Images API through the official openai client, images equal diffusers' own call."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import pytest
+import requests
+import torch
+from PIL import Image
+
+from ...helpers.server import BIN, ServerProcess
+
+pytestmark = pytest.mark.engine  # a server process (no vLLM engine: one process stage)
+
+MODEL = "Tongyi-MAI/Z-Image-Turbo"
+MAX_PIXEL_DIFF = 2  # of 255
+
+
+@pytest.fixture(scope="module")
+def server(hub_env):
+    with ServerProcess([str(BIN / "vllm"), "serve", MODEL, "--omni"], env=hub_env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_image_equals_diffusers(client, tiny_models):
+    from diffusers import DiffusionPipeline
+
+    extra = {"seed": 3, "num_inference_steps": 3, "guidance_scale": 2.0}
+    extra["negative_prompt"] = "blurry"
+    result = client.images.generate(
+        model=MODEL, prompt="a red cat", size="64x48", n=2, extra_body=extra
+    )
+    pipe = DiffusionPipeline.from_pretrained(tiny_models["z-image"])
+    pipe.set_progress_bar_config(disable=True)
+    for i, item in enumerate(result.data):
+        ours = np.asarray(Image.open(io.BytesIO(base64.b64decode(item.b64_json))))
+        with torch.inference_mode():
+            theirs = pipe(
+                "a red cat",
+                height=48,
+                width=64,
+                num_inference_steps=3,
+                guidance_scale=2.0,
+                negative_prompt="blurry",
+                generator=torch.Generator().manual_seed(3 + i),  # image i gets seed + i
+            ).images[0]
+        assert ours.shape == (48, 64, 3)
+        diff = np.abs(ours.astype(int) - np.asarray(theirs).astype(int)).max()
+        assert diff <= MAX_PIXEL_DIFF, (i, diff)
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"size": "72x64"}, "size"),
+        ({"guidance_scale": -1}, "guidance_scale"),
+        ({"cache_threshold": 0.2}, "cache_threshold"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(server, extra, field):
+    body = {"prompt": "a red cat", "num_inference_steps": 2, "size": "64x64", **extra}
+    response = requests.post(f"{server.url}/v1/images/generations", json=body, timeout=120)
+    assert response.status_code == 400, response.text
+    assert field in response.json()["error"]["message"]
+    assert requests.get(f"{server.url}/health", timeout=10).status_code == 200

@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Diffusers pipelines no family claims, served whole (the tiny Stable Diffusion 3 and Z-Image):
+OmniLLM's images equal the pipeline's own call for each prompt and seed alone, batched or not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_omni import DiffusionSamplingParams, OmniLLM
+from vllm_omni.errors import FieldError
+
+MAX_PIXEL_DIFF = 2  # of 255
+
+
+@pytest.fixture(scope="module", params=["sd3", "z-image"])
+def model(request, tiny_models):
+    return tiny_models[request.param]
+
+
+@pytest.fixture(scope="module")
+def omni(model):
+    with OmniLLM(model) as omni:
+        yield omni
+
+
+@pytest.fixture(scope="module")
+def pipe(model):
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(model)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def reference(pipe, prompt: str, params: DiffusionSamplingParams) -> np.ndarray:
+    kwargs = {}
+    if params.negative_prompt is not None:
+        kwargs["negative_prompt"] = params.negative_prompt
+    if params.guidance_scale is not None:
+        kwargs["guidance_scale"] = params.guidance_scale
+    with torch.inference_mode():
+        image = pipe(
+            prompt,
+            height=params.height,
+            width=params.width,
+            num_inference_steps=params.num_inference_steps,
+            generator=torch.Generator().manual_seed(params.seed),
+            **kwargs,
+        ).images[0]
+    return np.asarray(image)
+
+
+def test_images_equal_the_pipelines_own(omni, pipe):
+    prompts = ["a red cat", "a lighthouse at dusk", "two green apples"]
+    params = [
+        DiffusionSamplingParams(height=64, width=64, num_inference_steps=4, seed=0),
+        DiffusionSamplingParams(height=64, width=64, num_inference_steps=4, seed=1),
+        DiffusionSamplingParams(
+            height=48,
+            width=80,
+            num_inference_steps=3,
+            seed=2,
+            negative_prompt="blurry",
+            guidance_scale=5.0,
+        ),
+    ]
+    outputs = omni.generate(prompts, params, use_tqdm=False)
+    for prompt, p, out in zip(prompts, params, outputs):
+        ours = np.asarray(out.images[0])
+        theirs = reference(pipe, prompt, p)
+        assert ours.shape == theirs.shape == (p.height, p.width, 3)
+        diff = np.abs(ours.astype(int) - theirs.astype(int)).max()
+        assert diff <= MAX_PIXEL_DIFF, (prompt, diff)
+        assert out.seed == p.seed
+    assert not np.array_equal(np.asarray(outputs[0].images[0]), np.asarray(outputs[1].images[0]))
+
+
+DEFAULT_SIZES = {
+    "StableDiffusion3Pipeline": (64, 64),  # its transformer's sample_size 8 x the VAE's factor 8
+    "ZImagePipeline": (1024, 1024),  # says none: the common 1024
+}
+
+
+def test_default_size_is_the_pipelines(omni, pipe):
+    default = DEFAULT_SIZES[type(pipe).__name__]
+    assert omni.engine.stages["pipeline"].info.default_size == default
+    if default == (64, 64):
+        out = omni.generate("a red cat", DiffusionSamplingParams(num_inference_steps=2, seed=0))
+        assert out[0].images[0].size == default
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (DiffusionSamplingParams(height=72, num_inference_steps=2), "height"),
+        (DiffusionSamplingParams(output_type="latent", num_inference_steps=2), "output_type"),
+        (DiffusionSamplingParams(cache_threshold=0.2, num_inference_steps=2), "cache_threshold"),
+    ],
+)
+def test_parameters_the_pipeline_cannot_take_name_the_field(omni, params, field):
+    with pytest.raises(FieldError) as e:
+        omni.generate("a red cat", params, use_tqdm=False)
+    assert e.value.field == field
+
+
+def test_a_request_without_text_is_refused(omni):
+    with pytest.raises(FieldError) as e:
+        omni.generate({"negative_prompt": "blurry"}, use_tqdm=False)
+    assert e.value.field == "prompt"
+    # the stage keeps serving
+    out = omni.generate("a red cat", DiffusionSamplingParams(num_inference_steps=2, seed=0))[0]
+    assert out.images

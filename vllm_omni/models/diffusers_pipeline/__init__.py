@@ -1,0 +1,16 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Any diffusers text-to-image pipeline no other family claims, served whole: one process stage
+that calls the pipeline (its own text encoders included), batching compatible requests into one
+call."""
+
+from vllm_omni.models.diffusers_pipeline.graph import stage_graph
+from vllm_omni.models.diffusers_pipeline.kinds import WholePipelineKind
+from vllm_omni.models.diffusers_pipeline.signature import check_text_to_image
+from vllm_omni.models.registry import ANY_PIPELINE, ModelFamily
+
+FAMILY = ModelFamily(
+    name=ANY_PIPELINE,
+    graph=stage_graph,
+    executors=(WholePipelineKind(),),
+    serves_pipeline=check_text_to_image,
+)

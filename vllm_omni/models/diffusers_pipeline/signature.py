@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which diffusers pipelines can be served whole: a text-to-image `__call__`."""
+
+from __future__ import annotations
+
+import inspect
+
+TEXT_TO_IMAGE_ARGS = ("prompt", "height", "width", "num_inference_steps", "generator")
+"""What the executor passes to every pipeline it serves."""
+INPUT_MEDIA_ARGS = ("image", "mask_image", "control_image", "video", "num_frames", "audio")
+"""Arguments of pipelines that take or make other media (image-to-image, inpainting, control,
+video, audio): not text-to-image, whatever else they take."""
+
+
+def call_args(pipeline_class: type) -> frozenset[str]:
+    """The named parameters of the pipeline's `__call__`."""
+    parameters = inspect.signature(pipeline_class.__call__).parameters
+    return frozenset(name for name in parameters if name != "self")
+
+
+def check_text_to_image(class_name: str) -> None:
+    """Raise ValueError saying why diffusers' `class_name` cannot be served whole (the reason
+    reads after "... of class X, which")."""
+    import diffusers
+
+    pipeline_class = getattr(diffusers, class_name, None)
+    if not (
+        isinstance(pipeline_class, type) and issubclass(pipeline_class, diffusers.DiffusionPipeline)
+    ):
+        raise ValueError(f"is not a pipeline class of diffusers {diffusers.__version__}")
+    args = call_args(pipeline_class)
+    media = [name for name in INPUT_MEDIA_ARGS if name in args]
+    if media:
+        raise ValueError(f"takes {media[0]!r}: only text-to-image pipelines are served whole")
+    missing = [name for name in TEXT_TO_IMAGE_ARGS if name not in args]
+    if missing:
+        raise ValueError(f"is not a text-to-image pipeline (its __call__ takes no {missing})")

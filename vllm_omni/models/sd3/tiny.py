@@ -1,0 +1,286 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A tiny random-weight Stable Diffusion 3.5, deterministic: a
+`diffusers.StableDiffusion3Pipeline` folder laid out as the release
+(`stabilityai/stable-diffusion-3.5-medium`) with two 2-layer CLIP text encoders (with
+projection; the second wider, as CLIP-L and CLIP-G), a 2-layer T5 encoder, a 2-layer MMDiT
+(SD3.5's dual-attention first block and q/k RMS norms), SD3's `AutoencoderKL` (16 latent
+channels) shrunk to 8 base channels and its flow-matching scheduler (shift 3).
+
+`build_sd3(out)` writes the folder; `sd3_vae()` and `sd3_scheduler()` give the VAE and the
+scheduler alone.
+
+Nothing is downloaded, so the tokenizers are made here. The two CLIP tokenizers are written as
+the release's are (`vocab.json`, `merges.txt`): CLIP's byte-level BPE over the 256 byte symbols,
+each also with the `</w>` end-of-word suffix, the merges that spell some common words, and
+`<|startoftext|>` / `<|endoftext|>` last; the second pads with "!" as the release's does. The
+T5 tokenizer is a `tokenizers` Unigram model (`<pad>`, `</s>`, `<unk>`, the word-start marker,
+a few whole words, then single characters) saved as `tokenizer.json`; a word it cannot spell
+tokenizes to `<unk>` pieces.
+
+The pipeline's CLIP embeddings (penultimate hidden states of both encoders, side by side:
+32 + 64 wide) are zero-padded to the T5 width (128) and put before the T5 tokens, and the two
+projected pooled outputs (32 + 64) condition the DiT's time embedding, as in the release.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+from vllm_omni.models.tiny_common import randomize_
+
+SD3_SEED = 1006
+SD3_CLIP_L_HIDDEN = 32  # text_encoder (CLIP-L in the release: 768)
+SD3_CLIP_G_HIDDEN = 64  # text_encoder_2 (CLIP-G in the release: 1280)
+SD3_T5_HIDDEN = 128  # text_encoder_3 (T5-XXL in the release: 4096); the DiT's joint_attention_dim
+SD3_LATENT_CHANNELS = 16
+SD3_VAE_SCALING = 1.5305  # the release VAE's scaling_factor and shift_factor
+SD3_VAE_SHIFT = 0.0609
+SD3_CLIP_MAX_LENGTH = 77  # the CLIP tokenizers' model_max_length (and position embeddings)
+SD3_T5_MAX_LENGTH = 512  # the T5 tokenizer's model_max_length (the pipeline caps at 512)
+
+STARTOFTEXT = "<|startoftext|>"
+ENDOFTEXT = "<|endoftext|>"
+
+# Words the tokenizers know: T5 has each as a whole-word piece, CLIP the merges that spell each
+# (a merge learned for an earlier word can win over a later word's: "cat" is "c" "at</w>").
+_WORDS = (
+    "a", "an", "the", "of", "and", "in", "on", "with", "at", "by", "photo", "image", "picture",
+    "painting", "red", "green", "blue", "white", "black", "yellow", "cat", "dog", "bird", "tree",
+    "house", "car", "man", "woman", "sky", "sea", "city", "street", "mountain", "flower",
+    "portrait", "light", "small", "large", "old", "bright", "dark", "blurry", "ugly",
+)  # fmt: skip
+
+
+def _byte_symbols() -> list[str]:
+    """The 256 symbols of byte-level BPE, in byte order (printable bytes stand for themselves,
+    the others for the code points from U+0100 on, so code-point order is byte order)."""
+    from tokenizers import pre_tokenizers
+
+    return sorted(pre_tokenizers.ByteLevel.alphabet())
+
+
+def _clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """CLIP's vocabulary layout: the byte symbols, the same with `</w>`, the merged tokens in
+    merge order, then `<|startoftext|>` and `<|endoftext|>` (the two highest ids)."""
+    symbols = _byte_symbols()
+    tokens = symbols + [s + "</w>" for s in symbols]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    merges: list[tuple[str, str]] = []
+    for word in _WORDS:
+        # Merge left to right: ("r", "e") -> "re", ("re", "d</w>") -> "red</w>".
+        parts = [*word[:-1], word[-1] + "</w>"]
+        while len(parts) > 1:
+            pair = (parts[0], parts[1])
+            merged = pair[0] + pair[1]
+            if pair not in merges:
+                merges.append(pair)
+            vocab.setdefault(merged, len(vocab))
+            parts = [merged, *parts[2:]]
+    vocab[STARTOFTEXT] = len(vocab)
+    vocab[ENDOFTEXT] = len(vocab)
+    return vocab, merges
+
+
+def _write_clip_tokenizer(folder: Path, pad_token: str) -> None:
+    """Write a CLIP tokenizer folder as the release's: `vocab.json`, `merges.txt`,
+    `tokenizer_config.json` and `special_tokens_map.json` (no `tokenizer.json`)."""
+    vocab, merges = _clip_vocab_and_merges()
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.iterdir():
+        stale.unlink()
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False) + "\n")
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    specials = {
+        "bos_token": STARTOFTEXT,
+        "eos_token": ENDOFTEXT,
+        "pad_token": pad_token,
+        "unk_token": ENDOFTEXT,
+    }
+    config = {
+        "tokenizer_class": "CLIPTokenizer",
+        "model_max_length": SD3_CLIP_MAX_LENGTH,
+        **specials,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
+
+
+def _clip_tokenizer(folder: Path, pad_token: str):
+    from transformers import CLIPTokenizer
+
+    _write_clip_tokenizer(folder, pad_token)
+    return CLIPTokenizer.from_pretrained(str(folder))
+
+
+def _t5_tokenizer():
+    """A T5 tokenizer (Unigram, T5's special ids: <pad> 0, </s> 1, <unk> 2) over the word-start
+    marker, `_WORDS` as whole words and the printable ASCII characters; no sentinel tokens."""
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
+    pieces += [("\u2581" + word, -5.0 - 0.01 * i) for i, word in enumerate(_WORDS)]
+    chars = string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation
+    pieces += [(c, -10.0) for c in chars]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=SD3_T5_MAX_LENGTH)
+
+
+def _clip_text_encoder(hidden: int, vocab: dict[str, int], hidden_act: str, seed: int):
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        projection_dim=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=hidden // 32,  # head dim 32
+        max_position_embeddings=SD3_CLIP_MAX_LENGTH,
+        hidden_act=hidden_act,
+        layer_norm_eps=1e-5,
+        bos_token_id=vocab[STARTOFTEXT],
+        eos_token_id=vocab[ENDOFTEXT],  # the pooled output is the first <|endoftext|>'s
+        pad_token_id=vocab[ENDOFTEXT],
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = CLIPTextModelWithProjection(config)
+    randomize_(model, seed)
+    return model
+
+
+def _t5_text_encoder(vocab_size: int, seed: int):
+    """T5 v1.1's encoder (gated GELU, relative position buckets), 2 layers."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(
+        vocab_size=-(-vocab_size // 64) * 64,  # padded, as the release's 32128 for 32100 tokens
+        d_model=SD3_T5_HIDDEN,
+        d_kv=64,
+        d_ff=256,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = T5EncoderModel(config)
+    randomize_(model, seed)
+    return model
+
+
+def _sd3_transformer():
+    """SD3.5's MMDiT: 2 joint blocks (the first with SD3.5's extra image self-attention, the last
+    context-pre-only), q/k RMS norms, 2x2 patches, inner width 64."""
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(SD3_SEED + 3)
+    transformer = SD3Transformer2DModel(
+        sample_size=8,  # latent pixels: the pipeline's default image is 8 * 8 = 64 px square
+        patch_size=2,
+        in_channels=SD3_LATENT_CHANNELS,
+        out_channels=SD3_LATENT_CHANNELS,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=SD3_T5_HIDDEN,
+        caption_projection_dim=64,  # the inner width (heads * head dim), as in the release
+        pooled_projection_dim=SD3_CLIP_L_HIDDEN + SD3_CLIP_G_HIDDEN,
+        pos_embed_max_size=24,  # 3x sample_size, as the release's 384 for 128: up to 384 px
+        dual_attention_layers=(0,),
+        qk_norm="rms_norm",
+    )
+    randomize_(transformer, SD3_SEED + 3)
+    return transformer
+
+
+def sd3_vae():
+    """SD3's VAE architecture (`AutoencoderKL`: no quant convs, 16 latent channels, scaling
+    1.5305, shift 0.0609), shrunk to 8 base channels and one residual block per stage but with
+    its four stages (8x spatial compression); default-initialised."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 16, 32, 32),
+        layers_per_block=1,
+        act_fn="silu",
+        latent_channels=SD3_LATENT_CHANNELS,
+        norm_num_groups=4,
+        sample_size=64,
+        scaling_factor=SD3_VAE_SCALING,
+        shift_factor=SD3_VAE_SHIFT,
+        force_upcast=True,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        mid_block_add_attention=True,
+    )
+
+
+def sd3_scheduler():
+    """SD3's sampler: flow matching with a fixed time shift of 3."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
+
+
+def build_sd3(out: Path) -> None:
+    import torch
+    from diffusers import StableDiffusion3Pipeline
+
+    out = Path(out)
+    clip_vocab, _ = _clip_vocab_and_merges()
+    # The release's first CLIP tokenizer pads with <|endoftext|>, its second with "!".
+    tokenizer = _clip_tokenizer(out / "tokenizer", ENDOFTEXT)
+    tokenizer_2 = _clip_tokenizer(out / "tokenizer_2", "!")
+    tokenizer_3 = _t5_tokenizer()
+
+    text_encoder = _clip_text_encoder(SD3_CLIP_L_HIDDEN, clip_vocab, "quick_gelu", SD3_SEED)
+    text_encoder_2 = _clip_text_encoder(SD3_CLIP_G_HIDDEN, clip_vocab, "gelu", SD3_SEED + 1)
+    text_encoder_3 = _t5_text_encoder(len(tokenizer_3), SD3_SEED + 2)
+    transformer = _sd3_transformer()
+
+    torch.manual_seed(SD3_SEED + 4)
+    vae = sd3_vae()
+    randomize_(vae, SD3_SEED + 4)
+
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=sd3_scheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        text_encoder_3=text_encoder_3,
+        tokenizer_3=tokenizer_3,
+    )
+    pipe.save_pretrained(out)
+    # As the release: the CLIP tokenizers as vocab.json + merges.txt (save_pretrained wrote a
+    # tokenizer.json in their place), the T5 encoder in shards with an index, the index naming
+    # the T5 tokenizer by its fast-tokenizer name.
+    _write_clip_tokenizer(out / "tokenizer", ENDOFTEXT)
+    _write_clip_tokenizer(out / "tokenizer_2", "!")
+    for weights in (out / "text_encoder_3").glob("*.safetensors*"):
+        weights.unlink()
+    text_encoder_3.save_pretrained(out / "text_encoder_3", max_shard_size="1MB")
+    index_path = out / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index["tokenizer_3"] = ["transformers", "T5TokenizerFast"]
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
