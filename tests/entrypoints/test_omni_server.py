@@ -323,14 +323,32 @@ def _size_schema(openapi: dict, body: str) -> dict:
     return openapi["components"]["schemas"][body]["properties"]["size"]
 
 
+def test_edits_on_a_model_that_edits_nothing_name_the_image(server) -> None:
+    files = {"image": ("a.png", b"\x89PNG not really", "image/png")}
+    r = requests.post(
+        f"{server.url}/v1/images/edits",
+        data={"prompt": "make it red"},
+        files=files,
+        headers=server.headers,
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "image", r.text
+    assert "/v1/images/generations" in r.json()["error"]["message"]
+
+
 def test_openapi_states_this_servers_limits(openapi) -> None:
     for body in ("ImageGenerationRequest", "ChatCompletionRequest"):
         size = _size_schema(openapi, body)
         assert size["x-max-pixels"] == MAX_PIXELS and size["x-size-multiple"] == 16
         assert size["anyOf"][0]["pattern"] == r"^[1-9][0-9]{0,5}x[1-9][0-9]{0,5}$"
+        properties = openapi["components"]["schemas"][body]["properties"]
         for field in ("n", "num_inference_steps"):
-            properties = openapi["components"]["schemas"][body]["properties"]
             assert properties[field]["x-max-request-steps"] == MAX_REQUEST_STEPS
+        # Qwen-Image has no distilled guidance: the field it refuses is not published
+        assert "guidance_scale" not in properties
+    edit = openapi["paths"]["/v1/images/edits"]["post"]["requestBody"]["content"]
+    edit_size = edit["multipart/form-data"]["schema"]["properties"]["size"]
+    assert edit_size["x-max-pixels"] == MAX_PIXELS and edit_size["x-size-multiple"] == 16
 
 
 def _cheap(openapi: dict, body: str) -> dict:

@@ -134,17 +134,17 @@ def test_work_per_image_request_is_bounded() -> None:
     """n x num_inference_steps over --max-request-steps is refused, naming the field the
     request set (n alone takes the default 50 steps)."""
     from vllm_omni.entrypoints.openai.api_server import ServerConfig
-    from vllm_omni.entrypoints.openai.images import _diffusion_params
+    from vllm_omni.entrypoints.openai.image_runs import diffusion_params
     from vllm_omni.entrypoints.openai.protocol import ImageGenerationRequest
 
     config = ServerConfig(model="m", served_model_name="m", max_request_steps=200)
-    four = _diffusion_params(ImageGenerationRequest(prompt="x", n=4), None, config)
+    four = diffusion_params(ImageGenerationRequest(prompt="x", n=4), None, config)
     assert [p.num_inference_steps for p in four] == [50] * 4
     with pytest.raises(ValueError, match=r"^n: n x num_inference_steps is 5 x 50 = 250; the limit"):
-        _diffusion_params(ImageGenerationRequest(prompt="x", n=5), None, config)
+        diffusion_params(ImageGenerationRequest(prompt="x", n=5), None, config)
     body = ImageGenerationRequest(prompt="x", n=9, num_inference_steps=446)
     with pytest.raises(ValueError, match=r"^num_inference_steps: .* 4014; the limit is 200"):
-        _diffusion_params(body, None, config)
+        diffusion_params(body, None, config)
 
 
 def test_which_server_a_local_folder_goes_to(tmp_path) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
@@ -18,15 +20,28 @@ def load_pipeline(folder):
 
 
 def reference_image(pipe, prompt: str, p: DiffusionSamplingParams) -> np.ndarray:
-    image = pipe(
-        prompt,
-        negative_prompt=p.negative_prompt,
-        true_cfg_scale=p.true_cfg_scale,
-        height=p.height,
-        width=p.width,
-        num_inference_steps=p.num_inference_steps,
-        generator=torch.Generator().manual_seed(p.seed),
-    ).images[0]
+    return pipeline_image(pipe, prompt, p)
+
+
+def pipeline_image(pipe, prompt: str, p: DiffusionSamplingParams, **extra) -> np.ndarray:
+    """Any pipeline's own call for one prompt and seed, with the optional fields `p` sets that
+    the pipeline takes (`extra`: e.g. an edit's input image)."""
+    kwargs = dict(extra)
+    if p.negative_prompt is not None:
+        kwargs["negative_prompt"] = p.negative_prompt
+        if "true_cfg_scale" in inspect.signature(pipe.__call__).parameters:
+            kwargs["true_cfg_scale"] = p.true_cfg_scale
+    if p.guidance_scale is not None:
+        kwargs["guidance_scale"] = p.guidance_scale
+    with torch.inference_mode():
+        image = pipe(
+            prompt=prompt,
+            height=p.height,
+            width=p.width,
+            num_inference_steps=p.num_inference_steps,
+            generator=torch.Generator().manual_seed(p.seed),
+            **kwargs,
+        ).images[0]
     return np.asarray(image)
 
 

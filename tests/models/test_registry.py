@@ -22,7 +22,13 @@ from vllm_omni.models.registry import (
 
 
 def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
-    assert set(families()) == {"qwen_image", "qwen2_5_omni", PLAIN_LM, ANY_PIPELINE}
+    assert set(families()) == {
+        "qwen_image",
+        "qwen_image_edit",
+        "qwen2_5_omni",
+        PLAIN_LM,
+        ANY_PIPELINE,
+    }
     for name, family in families().items():
         graph = StageGraph.from_dict(family.graph(), Path("/models/x"))
         assert graph.model_type == name
@@ -45,13 +51,17 @@ def test_detection(tmp_path: Path) -> None:
     assert detect_family(checkpoint({"config.json": {"model_type": "llama"}})).name == PLAIN_LM
     flux = checkpoint({"model_index.json": {"_class_name": "FluxPipeline"}})
     assert detect_family(flux).name == ANY_PIPELINE  # text-to-image: served whole
-    edit = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
+    inpaint = checkpoint({"model_index.json": {"_class_name": "StableDiffusionInpaintPipeline"}})
     with pytest.raises(
         ValueError,
-        match=r"'my/edit' is a diffusers pipeline of class 'StableDiffusionImg2ImgPipeline', "
-        r"which takes 'image': only text-to-image pipelines are served whole; no built-in",
+        match=r"'my/inpaint' is a diffusers pipeline of class 'StableDiffusionInpaintPipeline', "
+        r"which takes 'mask_image': only text-to-image and image-editing pipelines are served "
+        r"whole; no built-in",
     ):
-        detect_family(edit, "my/edit")
+        detect_family(inpaint, "my/inpaint")
+    img2img = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
+    with pytest.raises(ValueError, match=r"its __call__ takes no \['height', 'width'\]"):
+        detect_family(img2img)
     video = checkpoint({"model_index.json": {"_class_name": "WanPipeline"}})
     with pytest.raises(ValueError, match=r"class 'WanPipeline', which takes 'num_frames'"):
         detect_family(video)
@@ -82,7 +92,13 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
     from vllm_omni.models.registry import executor_kinds, processors
 
     assert set(processors()) == {"qwen_image_prompt", "qwen25_omni_thinker", "qwen25_omni_talker"}
-    assert set(executor_kinds()) == {"diffusers", "vae_decoder", "code2wav", "diffusers_pipeline"}
+    assert set(executor_kinds()) == {
+        "diffusers",
+        "vae_decoder",
+        "code2wav",
+        "diffusers_pipeline",
+        "qwen_image_edit",
+    }
     for family in families().values():
         for stage in family.graph()["stages"]:
             if "processor" in stage:

@@ -138,6 +138,7 @@ def _handle(core: DiffusionEngineCore, message: tuple, outbox) -> bool:
     kind, key, payload = message
     if kind == "add":
         arrays, params = payload
+        # Arrays become tensors; text and input images (a list of arrays) stay as sent.
         inputs = {
             name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
             for name, value in arrays.items()

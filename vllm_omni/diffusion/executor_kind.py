@@ -18,7 +18,7 @@ The engine, the scheduler and the server call these methods and never ask which 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -42,10 +42,13 @@ class StageInfo:
 
 @dataclass(frozen=True)
 class ImageStageInfo(StageInfo):
-    """A stage that makes images: its default `(height, width)` and what sizes must divide by."""
+    """A stage that makes images: its default `(height, width)`, what sizes must divide by, and
+    the optional fields of DiffusionSamplingParams it cannot take (`refuses`): a request that
+    sets one is refused naming it, and the server leaves them out of its published schema."""
 
     default_size: tuple[int, int]
     size_multiple: int
+    refuses: frozenset[str] = field(default=frozenset(), kw_only=True)
 
 
 class ProcessParams(Protocol):
@@ -118,8 +121,9 @@ class ExecutorKind:
     def default_params(self) -> Any:
         return self.params_type()
 
-    def apply_options(self, params: Any, inputs: Mapping[str, Any]) -> Any:
-        """`params` with the request's options (the prompt mapping's fields) applied."""
+    def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
+        """`params` with the request's options (the prompt mapping's fields) applied; raises
+        ValueError naming the field for inputs the stage cannot take. Runs before `validate`."""
         return params
 
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
@@ -157,7 +161,7 @@ class ImageKind(ExecutorKind):
     params_type = DiffusionSamplingParams
     request_options = ("negative_prompt",)
 
-    def apply_options(self, params: Any, inputs: Mapping[str, Any]) -> Any:
+    def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
         negative = inputs.get("negative_prompt")
         if negative is None:
             return params
@@ -168,12 +172,9 @@ class ImageKind(ExecutorKind):
         params = validate_image_params(
             params, stage, scheduler, info.default_size, info.size_multiple
         )
-        if params.guidance_scale is not None:
-            raise FieldError(
-                "guidance_scale",
-                f"stage {stage!r} takes no guidance_scale (classifier-free guidance: "
-                "negative_prompt and true_cfg_scale)",
-            )
+        for name in sorted(info.refuses):
+            if getattr(params, name) is not None:
+                raise FieldError(name, f"stage {stage!r} takes no {name}")
         return params
 
     def prompt_inputs(self, params: Any) -> dict[str, Any]:

@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.diffusion.deadline import DeadlineUnreachable
@@ -115,7 +117,7 @@ class ProcessStage:
         """The request's parameters with its options (`inputs`: the prompt mapping) applied and
         what it left open filled in; raises ValueError naming the field."""
         if inputs:
-            params = self.kind.apply_options(params, inputs)
+            params = self.kind.apply_options(params, inputs, self.info)
         return self.kind.validate(params, self.name, self.config.scheduler, self.info)
 
     def prompt_inputs(self, params: Any) -> dict[str, Any]:
@@ -227,10 +229,15 @@ def _runs_on_cpu(config) -> bool:
 
 
 def _is_transferable(value: Any) -> bool:
-    """What crosses to the stage process: tensors (as numpy arrays) and text (a prompt for an
-    executor that runs a whole pipeline from text)."""
-    return torch.is_tensor(value) or isinstance(value, str)
+    """What crosses to the stage process: tensors (as numpy arrays), text (the prompt of a
+    stage that runs a whole pipeline) and images (its input images, as a list of arrays)."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(v, Image.Image) for v in value)
+    return torch.is_tensor(value) or isinstance(value, (str, Image.Image))
 
 
 def _transferable(value: Any) -> Any:
+    if isinstance(value, (list, Image.Image)):
+        images = value if isinstance(value, list) else [value]
+        return [np.asarray(image) for image in images]
     return value.detach().cpu().numpy() if torch.is_tensor(value) else value

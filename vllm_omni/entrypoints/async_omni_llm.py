@@ -111,6 +111,12 @@ class AsyncOmniLLM:
     async def abort(self, request_id: str) -> bool:
         return self.engine.abort(request_id)
 
+    @property
+    def request_options(self) -> tuple[str, ...]:
+        """The prompt-mapping fields the graph's stages take beyond the prompt (e.g. `voice`,
+        an editing pipeline's `image`)."""
+        return self.engine.request_options
+
     def stage_info(self) -> dict[str, StageInfo]:
         """What each process stage reported when it came up (image sizes, sample rates, ...)."""
         return {

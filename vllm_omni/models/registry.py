@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm_omni.diffusion.executor_kind import ExecutorKind
 
-FAMILY_PACKAGES = ("qwen_image", "qwen2_5_omni", "plain_lm", "diffusers_pipeline")
+FAMILY_PACKAGES = (
+    "qwen_image",
+    "qwen_image_edit",
+    "qwen2_5_omni",
+    "plain_lm",
+    "diffusers_pipeline",
+)
 """Folders under vllm_omni/models/ that hold a family (each exports `FAMILY`)."""
 PLAIN_LM = "lm"
 """The family of any transformers model no other family claims: one AR stage."""

@@ -8,6 +8,8 @@ run writes the same bytes:
 - `llama-8l`: `LlamaForCausalLM`, 8 layers, GQA, 64K context (long-context pipeline parallelism).
 - `qwen2-2l`: `Qwen2ForCausalLM`, 2 layers (fast engine tests).
 - `qwen-image`: a `diffusers.QwenImagePipeline` folder (Qwen2.5-VL text encoder, MMDiT, VAE).
+- `qwen-image-edit`, `qwen-image-edit-plus`: `QwenImageEditPipeline` and
+  `QwenImageEditPlusPipeline` folders (the same parts, a Qwen2-VL processor for input images).
 - `qwen2.5-omni`: `Qwen2_5OmniForConditionalGeneration` (thinker, talker, token2wav, two voices).
 - `sd3`: a `diffusers.StableDiffusion3Pipeline` folder (two CLIPs and a T5, MMDiT, VAE).
 - `z-image`: a `diffusers.ZImagePipeline` folder (Qwen3 text encoder, single-stream DiT, VAE).
@@ -50,6 +52,8 @@ TINY_MODELS: dict[str, Callable[[Path], None]] = {
     "llama-8l": plain_lm_tiny.build_llama_8l,
     "qwen2-2l": plain_lm_tiny.build_qwen2_2l,
     "qwen-image": qwen_image_tiny.build_qwen_image,
+    "qwen-image-edit": qwen_image_tiny.build_qwen_image_edit,
+    "qwen-image-edit-plus": qwen_image_tiny.build_qwen_image_edit_plus,
     "qwen2.5-omni": qwen25_omni_tiny.build_qwen25_omni,
     "sd3": sd3_tiny.build_sd3,
     "z-image": z_image_tiny.build_z_image,

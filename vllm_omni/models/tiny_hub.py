@@ -28,6 +28,8 @@ HUB_NAMES: dict[str, str] = {
     "Qwen/Qwen2.5-0.5B-Instruct": "qwen2-2l",
     "stabilityai/stable-diffusion-3.5-medium": "sd3",
     "Tongyi-MAI/Z-Image-Turbo": "z-image",
+    "Qwen/Qwen-Image-Edit": "qwen-image-edit",
+    "Qwen/Qwen-Image-Edit-2509": "qwen-image-edit-plus",
 }
 """Real repo id -> the tiny model of the same architecture stored under it."""
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from vllm_omni import DiffusionSamplingParams, OmniLLM
 from vllm_omni.errors import FieldError
+
+from ...helpers.diffusers_reference import pipeline_image
 
 MAX_PIXEL_DIFF = 2  # of 255
 
@@ -34,24 +35,6 @@ def pipe(model):
     return pipe
 
 
-def reference(pipe, prompt: str, params: DiffusionSamplingParams) -> np.ndarray:
-    kwargs = {}
-    if params.negative_prompt is not None:
-        kwargs["negative_prompt"] = params.negative_prompt
-    if params.guidance_scale is not None:
-        kwargs["guidance_scale"] = params.guidance_scale
-    with torch.inference_mode():
-        image = pipe(
-            prompt,
-            height=params.height,
-            width=params.width,
-            num_inference_steps=params.num_inference_steps,
-            generator=torch.Generator().manual_seed(params.seed),
-            **kwargs,
-        ).images[0]
-    return np.asarray(image)
-
-
 def test_images_equal_the_pipelines_own(omni, pipe):
     prompts = ["a red cat", "a lighthouse at dusk", "two green apples"]
     params = [
@@ -69,7 +52,7 @@ def test_images_equal_the_pipelines_own(omni, pipe):
     outputs = omni.generate(prompts, params, use_tqdm=False)
     for prompt, p, out in zip(prompts, params, outputs):
         ours = np.asarray(out.images[0])
-        theirs = reference(pipe, prompt, p)
+        theirs = pipeline_image(pipe, prompt, p)
         assert ours.shape == theirs.shape == (p.height, p.width, 3)
         diff = np.abs(ours.astype(int) - theirs.astype(int)).max()
         assert diff <= MAX_PIXEL_DIFF, (prompt, diff)

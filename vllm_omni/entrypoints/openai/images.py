@@ -1,109 +1,57 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The routes of a graph whose output is images: POST /v1/images/generations and
-POST /v1/chat/completions (the reply's content is `image_url` parts), in OpenAI's shapes."""
+"""The routes of a graph whose output is images: POST /v1/images/generations, POST
+/v1/images/edits (image_edits.py) and POST /v1/chat/completions (the reply's content is
+`image_url` parts), in OpenAI's shapes."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import io
 import time
 import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 
-from vllm_omni.diffusion.deadline import DeadlineUnreachable
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
-from vllm_omni.diffusion.params import DiffusionSamplingParams
-from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
+from vllm_omni.entrypoints.openai import image_edits
+from vllm_omni.entrypoints.openai.image_runs import (
+    finished,
+    images_response,
+    png_b64,
+    run_images,
+    size_multiple,
+)
 from vllm_omni.entrypoints.openai.protocol import (
-    MAX_SEED,
     ChatCompletionRequest,
     ImageGenerationRequest,
     ImageOptions,
-    error_body,
 )
-from vllm_omni.entrypoints.openai.server_utils import (
-    ClientDisconnected,
-    OmniServer,
-    cancel_on_disconnect,
-    client_error,
-    gather_or_cancel,
-)
-from vllm_omni.errors import FieldError
-from vllm_omni.logger import init_logger
-
-logger = init_logger(__name__)
+from vllm_omni.entrypoints.openai.server_utils import OmniServer
 
 
 def add_routes(app: FastAPI, server: OmniServer) -> None:
     server.schema_extras.append(lambda schema: _schema_limits(schema, server))
-
-    async def run_images(endpoint: str, request: Request, prompt: dict, body: ImageOptions):
-        """Run body.n images of `prompt`; returns (outputs, None) or (None, error response)."""
-        omni = server.omni
-        try:
-            params = _diffusion_params(body, omni, server.config)
-            prepared = [omni.prepare(prompt, p) for p in params]  # fail before running anything
-        except ValueError as e:
-            server.metrics.requests.labels(endpoint, "rejected").inc()
-            return None, client_error(e)
-        jobs = [omni.run_prepared(*x) for x in prepared]
-        try:
-            return await cancel_on_disconnect(request, gather_or_cancel(*jobs)), None
-        except ClientDisconnected:
-            server.metrics.requests.labels(endpoint, "cancelled").inc()
-            return None, Response(status_code=499)
-        except asyncio.CancelledError:  # the server cancelled the handler (client gone)
-            server.metrics.requests.labels(endpoint, "cancelled").inc()
-            raise
-        except DeadlineUnreachable as e:  # admission control: come back later
-            server.metrics.requests.labels(endpoint, "overloaded").inc()
-            body = error_body(str(e), "latency_slo_ms", kind="rate_limit_exceeded", code=429)
-            return None, JSONResponse(body, 429)
-        except ValueError as e:
-            server.metrics.requests.labels(endpoint, "rejected").inc()
-            return None, client_error(e)
-        except Exception as e:  # a stage failed: report it, keep serving
-            logger.exception("image request failed")
-            server.metrics.requests.labels(endpoint, "failed").inc()
-            return None, JSONResponse(error_body(str(e), kind="internal_error", code=500), 500)
-
-    def finished(endpoint: str, start: float, num_images: int) -> None:
-        server.metrics.requests.labels(endpoint, "finished").inc()
-        server.metrics.images.inc(num_images)
-        server.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
+    image_edits.add_routes(app, server)
 
     @app.post("/v1/images/generations")
     async def images(body: ImageGenerationRequest, request: Request):
         start = time.monotonic()
-        outputs, error = await run_images("images", request, _prompt(body.prompt, body), body)
+        prompt = _prompt(body.prompt, body)
+        outputs, error = await run_images(server, "images", request, prompt, body)
         if error is not None:
             return error
-        data = [
-            {"b64_json": _png_b64(out.images[0]), "revised_prompt": None, "seed": out.seed}
-            for out in outputs
-        ]
-        finished("images", start, len(data))
-        width, height = outputs[0].images[0].size
-        return {
-            "created": int(time.time()),
-            "data": data,
-            "size": f"{width}x{height}",
-            "output_format": "png",
-        }
+        finished(server, "images", start, len(outputs))
+        return images_response(outputs)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         start = time.monotonic()
-        outputs, error = await run_images("chat", request, _prompt(body.prompt(), body), body)
+        prompt = _prompt(body.prompt(), body)
+        outputs, error = await run_images(server, "chat", request, prompt, body)
         if error is not None:
             return error
-        finished("chat", start, len(outputs))
+        finished(server, "chat", start, len(outputs))
         parts = [
-            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_b64(im)}"}}
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png_b64(im)}"}}
             for out in outputs
             for im in out.images
         ]
@@ -125,18 +73,29 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
 
 
 def _schema_limits(schema: dict[str, Any], server: OmniServer) -> None:
-    """The image bodies' size and work limits of this server (see protocol.py)."""
+    """The image bodies' size and work limits of this server (see protocol.py), and without
+    the fields its image stages refuse."""
     config = server.config
     limits: dict[str, int] = {"x-max-pixels": config.max_pixels}
     steps = {"x-max-request-steps": config.max_request_steps}
+    refused: frozenset[str] = frozenset()
     if server.omni is not None:
         limits["x-size-multiple"] = size_multiple(server.omni)
+        infos = [i for i in server.omni.stage_info().values() if isinstance(i, ImageStageInfo)]
+        refused = frozenset.intersection(*(i.refuses for i in infos)) if infos else refused
     bodies = schema.get("components", {}).get("schemas", {})
-    for body in ("ImageGenerationRequest", "ChatCompletionRequest"):
-        if body in bodies:
-            bodies[body]["properties"]["size"].update(limits)
-            for name in ("n", "num_inference_steps"):
-                bodies[body]["properties"][name].update(steps)
+    forms = [
+        bodies[name]
+        for name in ("ImageGenerationRequest", "ChatCompletionRequest")
+        if name in bodies
+    ]
+    forms += image_edits.published_forms(schema)
+    for body in forms:
+        body["properties"]["size"].update(limits)
+        for name in ("n", "num_inference_steps"):
+            body["properties"][name].update(steps)
+        for name in refused:
+            body["properties"].pop(name, None)
 
 
 def _prompt(text: str, body: ImageOptions) -> dict[str, str]:
@@ -144,58 +103,3 @@ def _prompt(text: str, body: ImageOptions) -> dict[str, str]:
     if body.negative_prompt is not None:
         prompt["negative_prompt"] = body.negative_prompt
     return prompt
-
-
-def _diffusion_params(
-    body: ImageOptions, omni: AsyncOmniLLM, config
-) -> list[DiffusionSamplingParams]:
-    """One parameter set per image: `n` images get seeds seed, seed+1, ... mod 2**63 (or
-    fresh ones)."""
-    size = body.parsed_size()
-    kwargs: dict[str, Any] = {}
-    if size is not None:
-        width, height = size
-        if width * height > config.max_pixels:
-            raise FieldError(
-                "size",
-                f"{width}x{height} is {width * height} pixels; the limit is "
-                f"{config.max_pixels} (--max-image-pixels)",
-            )
-        multiple = size_multiple(omni)
-        if width % multiple or height % multiple or not width or not height:
-            raise FieldError("size", f"width and height must be positive multiples of {multiple}")
-        kwargs.update(width=width, height=height)
-    if body.num_inference_steps is not None:
-        kwargs["num_inference_steps"] = body.num_inference_steps
-    steps = body.num_inference_steps or DiffusionSamplingParams.num_inference_steps
-    if body.n * steps > config.max_request_steps:
-        field = "n" if body.num_inference_steps is None else "num_inference_steps"
-        raise FieldError(
-            f"{field}",
-            f"n x num_inference_steps is {body.n} x {steps} = {body.n * steps}; the "
-            f"limit is {config.max_request_steps} per request (--max-request-steps)",
-        )
-    if body.true_cfg_scale is not None:
-        kwargs["true_cfg_scale"] = body.true_cfg_scale
-    if body.guidance_scale is not None:
-        kwargs["guidance_scale"] = body.guidance_scale
-    if body.cache_threshold is not None:
-        kwargs["cache_threshold"] = body.cache_threshold
-    if body.latency_slo_ms is not None:
-        kwargs["latency_slo_ms"] = body.latency_slo_ms
-    if body.seed is None:
-        seeds = [None] * body.n
-    else:  # wrapping, so that every seed the schema allows works with every n
-        seeds = [(body.seed + i) % MAX_SEED for i in range(body.n)]
-    return [DiffusionSamplingParams(seed=seed, **kwargs) for seed in seeds]
-
-
-def size_multiple(omni: AsyncOmniLLM) -> int:
-    infos = omni.stage_info().values()
-    return max((i.size_multiple for i in infos if isinstance(i, ImageStageInfo)), default=1)
-
-
-def _png_b64(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()

@@ -168,6 +168,19 @@ class ImageGenerationRequest(ImageOptions):
         return value
 
 
+class ImageEditRequest(ImageGenerationRequest):
+    """POST /v1/images/edits: the fields of OpenAI's multipart image-edit form besides the
+    images (`image`, or `image[]` for several), with the same extras as generations. Form
+    fields arrive as text, so they are read as a form's (`"2"` is 2)."""
+
+    background: str | None = None  # accepted for compatibility; not used
+    input_fidelity: str | None = None
+
+    @classmethod
+    def from_form(cls, fields: dict[str, str]) -> ImageEditRequest:
+        return cls.model_validate(fields, strict=False)
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

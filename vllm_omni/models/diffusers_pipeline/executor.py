@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Serves a whole diffusers pipeline in the stage process: each scheduled group of requests
 (equal size, steps and guidance) is one pipeline call with one seeded generator per request,
-so every image is the one the pipeline makes for that prompt and seed alone."""
+so every image is the one the pipeline makes for that prompt and seed alone. A request with
+input images (an editing pipeline's) is a call of its own: pipelines batch input images in ways
+of their own."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
@@ -18,10 +21,12 @@ from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.models.diffusers_pipeline.info import PipelineStageInfo
-from vllm_omni.models.diffusers_pipeline.signature import call_args
+from vllm_omni.models.diffusers_pipeline.signature import IMAGE_ARG, call_args
 
 logger = init_logger(__name__)
 
+OPTIONAL_ARGS = ("guidance_scale", "negative_prompt")
+"""Request fields passed on only to pipelines whose `__call__` takes them."""
 FALLBACK_SIZE = 1024
 """Default image side for a pipeline that does not say its own (`default_sample_size`)."""
 
@@ -68,6 +73,7 @@ class WholePipelineExecutor:
             size_multiple(self.pipe),
             type(self.pipe).__name__,
             self.call_args,
+            refuses=frozenset(OPTIONAL_ARGS) - self.call_args,
         )
         logger.info(
             "pipeline stage: loaded %s (%s) on %s in %.1f s",
@@ -98,9 +104,13 @@ class WholePipelineExecutor:
         for request_id in scheduled.new_request_ids:  # held while the call runs, for accounting
             self.cache.allocate(request_id, {})
         for group in scheduled.groups:
-            start = time.perf_counter()
-            out.finished.update(self._call([requests[rid] for rid in group]))
-            out.step_seconds.append(time.perf_counter() - start)
+            batch = [requests[rid] for rid in group]
+            edits = any(IMAGE_ARG in r.inputs for r in batch)
+            calls = [[r] for r in batch] if edits else [batch]
+            for call in calls:
+                start = time.perf_counter()
+                out.finished.update(self._call(call))
+                out.step_seconds.append(time.perf_counter() - start)
         return out
 
     @torch.inference_mode()
@@ -120,5 +130,8 @@ class WholePipelineExecutor:
             kwargs["guidance_scale"] = p.guidance_scale
         if p.do_cfg and "true_cfg_scale" in self.call_args:
             kwargs["true_cfg_scale"] = p.true_cfg_scale
+        if IMAGE_ARG in batch[0].inputs:  # one request (see execute_model)
+            images = [Image.fromarray(a).convert("RGB") for a in batch[0].inputs[IMAGE_ARG]]
+            kwargs[IMAGE_ARG] = images[0] if len(images) == 1 else images
         images = self.pipe(**kwargs)[0]
         return {r.request_id: np.asarray(image) for r, image in zip(batch, images)}

@@ -1,24 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The stage graph of a pipeline served whole: one process stage, from the prompt's text."""
+"""The stage graph of a pipeline served whole: one process stage, from the prompt's text (and
+an editing pipeline's input images)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def stage_graph() -> dict[str, Any]:
+def whole_pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
+    """One process stage running `executor` (a whole-pipeline kind) over the checkpoint."""
     return {
-        "model_type": "diffusers_pipeline",
+        "model_type": model_type,
         "stages": [
             {
                 "name": "pipeline",
                 "engine_type": "DiT",
                 "model": ".",
-                "executor": "diffusers_pipeline",
+                "executor": executor,
                 "scheduler": "fifo",
-                "input_modalities": ["text"],
+                "input_modalities": ["text", "image"],
                 "output_modalities": ["image"],
                 "final_output": True,
             },
         ],
     }
+
+
+def stage_graph() -> dict[str, Any]:
+    return whole_pipeline_graph("diffusers_pipeline", "diffusers_pipeline")

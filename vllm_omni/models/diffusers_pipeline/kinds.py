@@ -3,19 +3,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from PIL import Image
 
 from vllm_omni.diffusion.executor_kind import ImageKind, StageInfo
-from vllm_omni.diffusion.params import validate_image_params
+from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.errors import FieldError
 from vllm_omni.models.diffusers_pipeline.info import PipelineStageInfo
+from vllm_omni.models.diffusers_pipeline.signature import IMAGE_ARG
 
 
 class WholePipelineKind(ImageKind):
-    """Requests run whole (`fifo`): those sharing size, steps and guidance go into one call."""
+    """Requests run whole (`fifo`): those sharing size, steps and guidance go into one call;
+    a request with input images (an editing pipeline's) runs in a call of its own."""
 
     name = "diffusers_pipeline"
     whole_requests = True
+    request_options = ("negative_prompt", IMAGE_ARG)
+    max_input_images: ClassVar[Mapping[str, int]] = {}
+    """Input images a request may give, by pipeline class, where one pipeline call edits
+    several images into one (default: 1, as an editing pipeline given a list of images treats
+    them as a batch of separate requests)."""
 
     def build(self, config, cache, pipe: Any = None):
         from vllm_omni.models.diffusers_pipeline.executor import WholePipelineExecutor
@@ -23,13 +35,7 @@ class WholePipelineKind(ImageKind):
         return WholePipelineExecutor(config, cache, pipe)
 
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
-        assert isinstance(info, PipelineStageInfo), info
-        params = validate_image_params(
-            params, stage, scheduler, info.default_size, info.size_multiple
-        )
-        for name in ("guidance_scale", "negative_prompt"):
-            if getattr(params, name) is not None and name not in info.call_args:
-                raise FieldError(name, f"{info.pipeline_class} takes no {name}")
+        params = super().validate(params, stage, scheduler, info)
         if params.output_type != "pil":
             raise FieldError(
                 "output_type",
@@ -37,5 +43,44 @@ class WholePipelineKind(ImageKind):
             )
         return params
 
+    def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
+        """The negative prompt; an editing pipeline's input images, checked, and where the
+        request gives no size, the first image's aspect at the pipeline's default area."""
+        assert isinstance(info, PipelineStageInfo), info
+        params = super().apply_options(params, inputs, info) or DiffusionSamplingParams()
+        images = inputs.get(IMAGE_ARG)
+        edits = IMAGE_ARG in info.call_args
+        if images is None:
+            if edits:
+                raise FieldError(IMAGE_ARG, f"{info.pipeline_class} edits an image: give one")
+            return params
+        if not edits:
+            raise FieldError(IMAGE_ARG, f"{info.pipeline_class} takes no input image")
+        images = images if isinstance(images, list) else [images]
+        if not images or not all(isinstance(image, Image.Image) for image in images):
+            raise FieldError(IMAGE_ARG, "must be a PIL image or a non-empty list of them")
+        limit = self.max_input_images.get(info.pipeline_class, 1)
+        if len(images) > limit:
+            raise FieldError(
+                IMAGE_ARG,
+                f"{info.pipeline_class} takes at most {limit} input image(s), got {len(images)}",
+            )
+        if params.height is None and params.width is None:
+            height, width = edit_size(images[0].size, info.default_size, info.size_multiple)
+            params = replace(params, height=height, width=width)
+        return params
+
     def prompt_inputs(self, params: Any) -> dict[str, Any]:
         return {}  # the pipeline encodes its prompts itself
+
+
+def edit_size(
+    image_size: tuple[int, int], default: tuple[int, int], multiple: int
+) -> tuple[int, int]:
+    """(height, width) of an edit: the input image's aspect ratio at the area of the pipeline's
+    default size, each side a multiple of `multiple` (at least one)."""
+    width, height = image_size
+    scale = math.sqrt(default[0] * default[1] / (width * height))
+    return tuple(
+        max(multiple, round(side * scale / multiple) * multiple) for side in (height, width)
+    )

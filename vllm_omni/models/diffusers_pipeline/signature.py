@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which diffusers pipelines can be served whole: a text-to-image `__call__`."""
+"""Which diffusers pipelines can be served whole: a `__call__` that makes an image from a prompt,
+optionally editing input images (`image`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import inspect
 
 TEXT_TO_IMAGE_ARGS = ("prompt", "height", "width", "num_inference_steps", "generator")
 """What the executor passes to every pipeline it serves."""
-INPUT_MEDIA_ARGS = ("image", "mask_image", "control_image", "video", "num_frames", "audio")
-"""Arguments of pipelines that take or make other media (image-to-image, inpainting, control,
-video, audio): not text-to-image, whatever else they take."""
+INPUT_MEDIA_ARGS = ("mask_image", "control_image", "video", "num_frames", "audio")
+"""Arguments of pipelines that take or make other media (inpainting, control, video, audio)."""
+IMAGE_ARG = "image"
+"""The input image(s) of a pipeline that edits images."""
 
 
 def call_args(pipeline_class: type) -> frozenset[str]:
@@ -20,7 +22,8 @@ def call_args(pipeline_class: type) -> frozenset[str]:
 
 def check_text_to_image(class_name: str) -> None:
     """Raise ValueError saying why diffusers' `class_name` cannot be served whole (the reason
-    reads after "... of class X, which")."""
+    reads after "... of class X, which"): it must make an image from a prompt at a requested
+    size, and may edit input images."""
     import diffusers
 
     pipeline_class = getattr(diffusers, class_name, None)
@@ -31,7 +34,11 @@ def check_text_to_image(class_name: str) -> None:
     args = call_args(pipeline_class)
     media = [name for name in INPUT_MEDIA_ARGS if name in args]
     if media:
-        raise ValueError(f"takes {media[0]!r}: only text-to-image pipelines are served whole")
+        raise ValueError(
+            f"takes {media[0]!r}: only text-to-image and image-editing pipelines are served whole"
+        )
     missing = [name for name in TEXT_TO_IMAGE_ARGS if name not in args]
     if missing:
-        raise ValueError(f"is not a text-to-image pipeline (its __call__ takes no {missing})")
+        raise ValueError(
+            f"is not a text-to-image or image-editing pipeline (its __call__ takes no {missing})"
+        )

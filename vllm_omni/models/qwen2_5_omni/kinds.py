@@ -34,7 +34,7 @@ class Code2WavKind(ExecutorKind):
             raise FieldError("pipe", "the code2wav executor loads its own model")
         return Code2WavExecutor(config, cache)
 
-    def apply_options(self, params: Any, inputs: Mapping[str, Any]) -> Any:
+    def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
         voice = inputs.get("voice")
         return params if voice is None else replace(params or Code2WavParams(), voice=voice)
 

@@ -166,7 +166,7 @@ def _processor(out: Path):
     )
 
     tt.save_tokenizer(out, omni=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     return Qwen2_5OmniProcessor(
         image_processor=Qwen2VLImageProcessor(),
         video_processor=Qwen2VLVideoProcessor(),

@@ -32,6 +32,9 @@ from vllm_omni.models.qwen_image.model_runner import (
 
 logger = init_logger(__name__)
 
+REFUSES = frozenset({"guidance_scale"})
+"""Qwen-Image guides with a negative prompt and `true_cfg_scale`; it has no distilled guidance."""
+
 
 def load_pipeline(config: DiTConfig, device: torch.device, *skip: str):
     """The pipeline without the text encoder (embeddings come from the AR stage) and without
@@ -69,7 +72,7 @@ class DiffusersPipelineExecutor:
     @property
     def info(self) -> ImageStageInfo:
         decoder = self.model_runner.decoder
-        return ImageStageInfo(decoder.default_size, decoder.size_multiple)
+        return ImageStageInfo(decoder.default_size, decoder.size_multiple, refuses=REFUSES)
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         return self.model_runner.estimate_bytes(request)
@@ -150,7 +153,9 @@ class VAEDecoderExecutor:
 
     @property
     def info(self) -> ImageStageInfo:
-        return ImageStageInfo(self.decoder.default_size, self.decoder.size_multiple)
+        return ImageStageInfo(
+            self.decoder.default_size, self.decoder.size_multiple, refuses=REFUSES
+        )
 
     def check_request(self, request: DiTRequest) -> None:
         if "latents" not in request.inputs:

@@ -1,10 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A tiny random-weight Qwen-Image, deterministic: a `diffusers.QwenImagePipeline` folder laid
-out as the release (`Qwen/Qwen-Image`) with a 2-layer Qwen2.5-VL text encoder, a 2-layer MMDiT
+"""Tiny random-weight Qwen-Image pipelines, deterministic: `diffusers` pipeline folders laid out
+as the releases, with a 2-layer Qwen2.5-VL text encoder (and its vision tower), a 2-layer MMDiT
 transformer, Qwen-Image's VAE shrunk to 8 base channels and its flow-matching scheduler.
 
-`build_qwen_image(out)` writes the folder; `qwen_image_vae()` and `qwen_image_scheduler()` give
-the VAE and the scheduler alone (benchmarks build their own pipelines from them).
+- `build_qwen_image(out)`: `QwenImagePipeline` (`Qwen/Qwen-Image`), text to image.
+- `build_qwen_image_edit(out)`: `QwenImageEditPipeline` (`Qwen/Qwen-Image-Edit`), one input image.
+- `build_qwen_image_edit_plus(out)`: `QwenImageEditPlusPipeline` (`Qwen/Qwen-Image-Edit-2509`),
+  one or more input images.
+
+The edit folders add a `processor` (Qwen2.5-VL's image preprocessing and the project tokenizer);
+the text encoder's vision tower reads its pixel values. `qwen_image_vae()` and
+`qwen_image_scheduler()` give the VAE and the scheduler alone (benchmarks build their own
+pipelines from them).
 """
 
 from __future__ import annotations
@@ -17,6 +24,53 @@ from vllm_omni.models.tiny_common import LOGIT_GAIN, randomize_
 QWEN_IMAGE_SEED = 1003
 QWEN_IMAGE_TEXT_HIDDEN = 128
 QWEN_IMAGE_Z_DIM = 16  # as in Qwen-Image; the transformer's in_channels is 4 * z_dim (2x2 packing)
+
+# The edit transformers' attention is sharpened (query/key norm scales x3) and weighs more
+# against the residual (output projections x4), as a trained edit DiT's does where it copies
+# from its input image. With the default init the output hardly depends on the input image
+# (its ~4100 latent tokens are averaged): another input image changes a 64x64 edit by ~1/255
+# on average; with these gains by ~10/255 (another prompt by ~3/255), so that a wrong
+# conditioning path shows.
+QWEN_IMAGE_EDIT_QK_GAIN = 3.0
+QWEN_IMAGE_EDIT_ATTN_OUT_GAIN = 4.0
+
+# Qwen2.5-VL's vision input, shared by the text encoder's vision tower and the edit pipelines'
+# processor (the releases' `processor/` settings): 14-pixel patches of 2 frames, 2x2 patches
+# merged into one token, images resized to multiples of 28 holding 56^2 to 28^2 * 16384 pixels,
+# CLIP's normalisation.
+QWEN_VL_PATCH = 14
+QWEN_VL_MERGE = 2
+QWEN_VL_TEMPORAL_PATCH = 2
+QWEN_VL_PREPROCESS = dict(
+    min_pixels=56 * 56,
+    max_pixels=28 * 28 * 16384,
+    patch_size=QWEN_VL_PATCH,
+    temporal_patch_size=QWEN_VL_TEMPORAL_PATCH,
+    merge_size=QWEN_VL_MERGE,
+    image_mean=[0.48145466, 0.4578275, 0.40821073],
+    image_std=[0.26862954, 0.26130258, 0.27577711],
+)
+
+# ChatML with Qwen2-VL's placeholders for content parts (OpenAI part types); `add_vision_id`
+# numbers the images as the Edit-Plus pipeline's own prompt does ("Picture 1: ...").
+QWEN_VL_CHAT_TEMPLATE = (
+    "{%- set seen = namespace(images=0) -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- elif part['type'] in ('image', 'image_url') -%}"
+    "{%- set seen.images = seen.images + 1 -%}"
+    "{%- if add_vision_id -%}{{- 'Picture ' ~ seen.images ~ ': ' -}}{%- endif -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] in ('video', 'video_url') -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
 
 
 def _qwen_image_text_encoder():
@@ -54,9 +108,9 @@ def _qwen_image_text_encoder():
             num_heads=2,
             out_hidden_size=QWEN_IMAGE_TEXT_HIDDEN,
             fullatt_block_indexes=[1],
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
+            patch_size=QWEN_VL_PATCH,
+            spatial_merge_size=QWEN_VL_MERGE,
+            temporal_patch_size=QWEN_VL_TEMPORAL_PATCH,
             window_size=112,
             tokens_per_second=2,
         ),
@@ -107,12 +161,10 @@ def qwen_image_scheduler():
     )
 
 
-def build_qwen_image(out: Path) -> None:
+def _qwen_image_transformer(qk_gain: float = 1.0, attn_out_gain: float = 1.0):
+    """The MMDiT; the gains scale its query/key norms and its attention output projections."""
     import torch
-    from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
-    from transformers import AutoTokenizer
-
-    text_encoder = _qwen_image_text_encoder()
+    from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(QWEN_IMAGE_SEED + 1)
     transformer = QwenImageTransformer2DModel(
@@ -125,33 +177,84 @@ def build_qwen_image(out: Path) -> None:
         joint_attention_dim=QWEN_IMAGE_TEXT_HIDDEN,
         axes_dims_rope=(8, 12, 12),  # (frame, height, width); sums to attention_head_dim
     )
-    randomize_(transformer, QWEN_IMAGE_SEED + 1)
+    qk_norms = ("norm_q.weight", "norm_k.weight", "norm_added_q.weight", "norm_added_k.weight")
+    gains = {}
+    for name, _ in transformer.named_parameters():
+        if name.endswith(qk_norms):  # image and text streams
+            gains[name] = qk_gain
+        elif name.endswith(("attn.to_out.0.weight", "attn.to_add_out.weight")):
+            gains[name] = attn_out_gain
+    randomize_(transformer, QWEN_IMAGE_SEED + 1, gains)
+    return transformer
 
+
+def _qwen_image_components(out: Path, qk_gain: float = 1.0, attn_out_gain: float = 1.0) -> dict:
+    """The modules every Qwen-Image pipeline takes (the gains: the transformer's); writes the
+    tokenizer to `out/tokenizer`."""
+    import torch
+    from transformers import AutoTokenizer
+
+    text_encoder = _qwen_image_text_encoder()
+    transformer = _qwen_image_transformer(qk_gain, attn_out_gain)
     torch.manual_seed(QWEN_IMAGE_SEED + 2)
     vae = qwen_image_vae()
     randomize_(vae, QWEN_IMAGE_SEED + 2)
-    scheduler = qwen_image_scheduler()
 
     # Save the tokenizer first and load it back, so the pipeline records the class that
     # `from_pretrained` will construct (the generic fast tokenizer; `Qwen2Tokenizer` would
     # replace our pre-tokenizer with Qwen's and tokenize differently).
     tok_dir = out / "tokenizer"
     tt.save_tokenizer(tok_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-    pipe = QwenImagePipeline(
-        scheduler=scheduler,
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    return dict(
+        scheduler=qwen_image_scheduler(),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,
         transformer=transformer,
     )
+
+
+def _save(pipe, out: Path) -> None:
     pipe.save_pretrained(out)
     # As the release: the text encoder and transformer in shards with an index (the VAE in
     # one file), the tokenizer in its own folder only.
-    for name, module, shard in (
-        ("text_encoder", text_encoder, "1MB"),
-        ("transformer", transformer, "512KB"),
-    ):
+    for name, shard in (("text_encoder", "1MB"), ("transformer", "512KB")):
         for weights in (out / name).glob("*.safetensors"):
             weights.unlink()
-        module.save_pretrained(out / name, max_shard_size=shard)
+        getattr(pipe, name).save_pretrained(out / name, max_shard_size=shard)
+
+
+def build_qwen_image(out: Path) -> None:
+    from diffusers import QwenImagePipeline
+
+    _save(QwenImagePipeline(**_qwen_image_components(out)), out)
+
+
+def _qwen_vl_processor(tokenizer):
+    """Qwen2-VL's processor as the edit releases configure it, around the project tokenizer."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    return Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**QWEN_VL_PREPROCESS),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(**QWEN_VL_PREPROCESS),
+        chat_template=QWEN_VL_CHAT_TEMPLATE,
+    )
+
+
+def _build_edit(out: Path, pipeline_class) -> None:
+    parts = _qwen_image_components(out, QWEN_IMAGE_EDIT_QK_GAIN, QWEN_IMAGE_EDIT_ATTN_OUT_GAIN)
+    _save(pipeline_class(processor=_qwen_vl_processor(parts["tokenizer"]), **parts), out)
+
+
+def build_qwen_image_edit(out: Path) -> None:
+    from diffusers import QwenImageEditPipeline
+
+    _build_edit(out, QwenImageEditPipeline)
+
+
+def build_qwen_image_edit_plus(out: Path) -> None:
+    from diffusers import QwenImageEditPlusPipeline
+
+    _build_edit(out, QwenImageEditPlusPipeline)

@@ -111,7 +111,7 @@ def _clip_tokenizer(folder: Path, pad_token: str):
     from transformers import CLIPTokenizer
 
     _write_clip_tokenizer(folder, pad_token)
-    return CLIPTokenizer.from_pretrained(str(folder))
+    return CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def _t5_tokenizer():

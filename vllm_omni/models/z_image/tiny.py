@@ -153,7 +153,7 @@ def build_z_image(out: Path) -> None:
     # gives what Qwen3's gives for one user turn with `enable_thinking=True`.
     tok_dir = out / "tokenizer"
     tt.save_tokenizer(tok_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     pipe = ZImagePipeline(
         scheduler=scheduler,
         vae=vae,
