@@ -9,6 +9,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -24,11 +25,11 @@ class DiTRequest:
     """`params` is resolved (size and seed filled in) and follows the ProcessParams protocol
     (vllm_omni.diffusion.executor_kind). `inputs` holds the named tensors that arrived over the
     stage graph's edges (e.g. `prompt_embeds`), or for a stage with no source the request's
-    prompt inputs (tensors and text, e.g. `prompt`)."""
+    prompt inputs (tensors, text such as `prompt`, and input images as a list of arrays)."""
 
     request_id: str
     params: Any
-    inputs: dict[str, torch.Tensor | str]
+    inputs: dict[str, torch.Tensor | str | list[np.ndarray]]
     arrival: float = field(default_factory=time.monotonic)
     status: DiTRequestStatus = DiTRequestStatus.WAITING
     num_steps_done: int = 0

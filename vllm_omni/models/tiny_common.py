@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the tiny model builders share: the random weight init (`randomize_`), the output
-projection's gain (`LOGIT_GAIN`), the ChatML generation config, and the smoothing of a
+projection's gain (`LOGIT_GAIN`), the ChatML generation config, the shrunk `AutoencoderKL` of
+the pipelines that use Flux's or SD3's VAE (`tiny_autoencoder_kl`), and the smoothing of a
 Qwen-Image transformer's time embedding (`smooth_time_embedding_`, used by the tests and
 benchmarks that build their own transformers).
 
@@ -91,3 +92,29 @@ def chat_generation_config():
         bos_token_id=endoftext, eos_token_id=[tt.token_id(tt.IM_END), endoftext],
         pad_token_id=endoftext,
     )  # fmt: skip
+
+
+def tiny_autoencoder_kl(latent_channels: int, scaling: float, shift: float, sample_size: int):
+    """The `AutoencoderKL` of SD3 and Flux-family pipelines (no quant convs, a latent scale and
+    shift), shrunk to 8 base channels and one residual block per stage but with its four stages
+    (8x spatial compression); default-initialised."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 16, 32, 32),
+        layers_per_block=1,
+        act_fn="silu",
+        latent_channels=latent_channels,
+        norm_num_groups=4,
+        sample_size=sample_size,
+        scaling_factor=scaling,
+        shift_factor=shift,
+        force_upcast=True,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        mid_block_add_attention=True,
+    )

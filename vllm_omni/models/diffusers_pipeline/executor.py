@@ -131,7 +131,7 @@ class WholePipelineExecutor:
         if p.do_cfg and "true_cfg_scale" in self.call_args:
             kwargs["true_cfg_scale"] = p.true_cfg_scale
         if IMAGE_ARG in batch[0].inputs:  # one request (see execute_model)
-            images = [Image.fromarray(a).convert("RGB") for a in batch[0].inputs[IMAGE_ARG]]
-            kwargs[IMAGE_ARG] = images[0] if len(images) == 1 else images
-        images = self.pipe(**kwargs)[0]
-        return {r.request_id: np.asarray(image) for r, image in zip(batch, images)}
+            given = [Image.fromarray(a).convert("RGB") for a in batch[0].inputs[IMAGE_ARG]]
+            kwargs[IMAGE_ARG] = given[0] if len(given) == 1 else given
+        made = self.pipe(**kwargs)[0]
+        return {r.request_id: np.asarray(image) for r, image in zip(batch, made)}

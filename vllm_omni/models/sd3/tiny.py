@@ -28,7 +28,7 @@ import json
 import string
 from pathlib import Path
 
-from vllm_omni.models.tiny_common import randomize_
+from vllm_omni.models.tiny_common import randomize_, tiny_autoencoder_kl
 
 SD3_SEED = 1006
 SD3_CLIP_L_HIDDEN = 32  # text_encoder (CLIP-L in the release: 768)
@@ -208,29 +208,8 @@ def _sd3_transformer():
 
 
 def sd3_vae():
-    """SD3's VAE architecture (`AutoencoderKL`: no quant convs, 16 latent channels, scaling
-    1.5305, shift 0.0609), shrunk to 8 base channels and one residual block per stage but with
-    its four stages (8x spatial compression); default-initialised."""
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 16, 32, 32),
-        layers_per_block=1,
-        act_fn="silu",
-        latent_channels=SD3_LATENT_CHANNELS,
-        norm_num_groups=4,
-        sample_size=64,
-        scaling_factor=SD3_VAE_SCALING,
-        shift_factor=SD3_VAE_SHIFT,
-        force_upcast=True,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        mid_block_add_attention=True,
-    )
+    """SD3's VAE (16 latent channels, scaling 1.5305, shift 0.0609), shrunk."""
+    return tiny_autoencoder_kl(SD3_LATENT_CHANNELS, SD3_VAE_SCALING, SD3_VAE_SHIFT, 64)
 
 
 def sd3_scheduler():

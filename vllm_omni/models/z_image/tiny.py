@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_omni.models import tiny_tokenizer as tt
-from vllm_omni.models.tiny_common import randomize_
+from vllm_omni.models.tiny_common import randomize_, tiny_autoencoder_kl
 
 Z_IMAGE_SEED = 1005
 Z_IMAGE_TEXT_HIDDEN = 128  # the transformer's cap_feat_dim
@@ -99,28 +99,9 @@ def _z_image_transformer():
 
 
 def z_image_vae():
-    """Z-Image's VAE architecture (Flux's `AutoencoderKL`: no quant convs, 16 latent channels,
-    scaling 0.3611, shift 0.1159), shrunk to 8 base channels and one residual block per stage
-    but with its four stages (8x spatial compression); default-initialised."""
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 16, 32, 32),
-        layers_per_block=1,
-        act_fn="silu",
-        latent_channels=Z_IMAGE_LATENT_CHANNELS,
-        norm_num_groups=4,
-        sample_size=1024,
-        scaling_factor=Z_IMAGE_VAE_SCALING,
-        shift_factor=Z_IMAGE_VAE_SHIFT,
-        force_upcast=True,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        mid_block_add_attention=True,
+    """Z-Image's VAE (Flux's: 16 latent channels, scaling 0.3611, shift 0.1159), shrunk."""
+    return tiny_autoencoder_kl(
+        Z_IMAGE_LATENT_CHANNELS, Z_IMAGE_VAE_SCALING, Z_IMAGE_VAE_SHIFT, 1024
     )
 
 
