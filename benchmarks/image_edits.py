@@ -6,9 +6,10 @@ the requests in flight together.
 
 The tiny Qwen-Image-Edit pipeline of the tests edits one seeded input picture for `--requests`
 prompts (seeds 0..n-1), at `--size` with `--steps` steps. The baseline is what a diffusers user
-writes: `pipe(image=..., prompt=..., ...)` for each request in turn, in this process. OmniLLM
-runs its built-in graph for the model: the whole pipeline in a stage process of its own, one edit
-per pipeline call (Qwen-Image-Edit takes one request per call). The two arms alternate
+writes: `pipe(image=..., prompt=..., ...)` for each request in turn, in this process, its text
+encoder given the model's image positions (vllm_omni.models.qwen_image_edit.reference). OmniLLM
+runs its built-in graph for the model: Qwen2.5-VL on vLLM, then the DiT step-batched with the
+image's VAE latents as conditioning. The two arms alternate
 (`benchmarks.common.alternate`) over `--pairs` pairs after a warm-up of each; reported: requests
 per second of each, the ratio per pair (median and geometric mean), and the largest pixel
 difference between the two for the same request and seed.
@@ -25,6 +26,7 @@ import torch
 from PIL import Image
 
 from benchmarks.common import alternate, paired_ratio, write_result
+from vllm_omni.models.qwen_image_edit.reference import with_image_positions
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 PROMPTS = ["make it red", "add a hat", "turn it into a sketch", "make it night", "add rain"]
@@ -91,7 +93,7 @@ def main() -> None:
     folder = build_tiny_models(default_models_dir(), ["qwen-image-edit"])["qwen-image-edit"]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     image = picture()
-    pipe = DiffusionPipeline.from_pretrained(folder)
+    pipe = with_image_positions(DiffusionPipeline.from_pretrained(folder))
     pipe.set_progress_bar_config(disable=True)
     with OmniLLM(folder) as omni:
         run_baseline(pipe, image, prompts[:1], args)  # warm-up of each

@@ -73,7 +73,7 @@ def greedy_reference(tiny_models, greedy_prompts) -> dict:
 def _fresh_cpp_cache(tmp_path_factory) -> Iterator[None]:
     """CPP engines fit and cache their cost model as they run: in the tests, into a folder of
     this session (set before any engine starts), not the developer's cache."""
-    from vllm_omni.cpp.cost_model_source import CACHE_ENV
+    from vllm_omni.platform.cache_dir import CACHE_ENV
 
     before = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("vllm_omni-cache"))

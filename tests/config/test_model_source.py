@@ -37,6 +37,10 @@ def test_hub_ids_resolve_from_the_cache(offline_hub: Path) -> None:
     assert graph["dit"].model == str(snapshot)
     assert graph["text_encoder"].model == str(snapshot / "text_encoder")
     assert graph["text_encoder"].tokenizer == str(snapshot / "tokenizer")
+    edit = resolve_stage_graph("Qwen/Qwen-Image-Edit-2509")
+    snapshot = next((repo_folder(offline_hub, "Qwen/Qwen-Image-Edit-2509") / "snapshots").iterdir())
+    assert edit.model_type == "qwen_image_edit_plus"
+    assert edit["text_encoder"].hf_processor == str(snapshot / "processor")
     omni = resolve_stage_graph("Qwen/Qwen2.5-Omni-3B")
     assert [s.name for s in omni.stages] == ["thinker", "talker", "code2wav"]
     assert Path(omni["talker"].model, "spk_dict.pt").is_file()

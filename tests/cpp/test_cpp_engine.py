@@ -76,7 +76,8 @@ def test_cpp_pp2_no_prefix_cache_fits_online_and_matches_plain_pp1(
     times reach the scheduler through vLLM's multiprocessing executor, the fit is adopted while
     the prompts run, shown on /metrics and saved where the next engine looks; the tokens stay
     plain vLLM's throughout."""
-    from vllm_omni.cpp.cost_model_source import CACHE_ENV, calibration_dir
+    from vllm_omni.cpp.cost_model_source import calibration_dir
+    from vllm_omni.platform.cache_dir import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # this test's own, empty
     args = cpp_engine_args(

@@ -25,6 +25,7 @@ def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
     assert set(families()) == {
         "qwen_image",
         "qwen_image_edit",
+        "qwen_image_edit_plus",
         "qwen2_5_omni",
         PLAIN_LM,
         ANY_PIPELINE,
@@ -91,7 +92,13 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
     """Built-in graphs name processors and executors that the families register, each once."""
     from vllm_omni.models.registry import executor_kinds, processors
 
-    assert set(processors()) == {"qwen_image_prompt", "qwen25_omni_thinker", "qwen25_omni_talker"}
+    assert set(processors()) == {
+        "qwen_image_prompt",
+        "qwen_image_edit_prompt",
+        "qwen_image_edit_plus_prompt",
+        "qwen25_omni_thinker",
+        "qwen25_omni_talker",
+    }
     assert set(executor_kinds()) == {
         "diffusers",
         "vae_decoder",

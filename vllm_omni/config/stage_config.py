@@ -70,6 +70,9 @@ class StageConfig:
     the stage's outputs; none: the stage generates text."""
     tokenizer: str | None = None
     """AR stages: the tokenizer's folder, where the model's folder holds none."""
+    hf_processor: str | None = None
+    """AR stages: the folder of a multimodal model's processor (its image sizes and
+    normalisation), where the model's folder holds none (a diffusers pipeline's `processor`)."""
     scheduler: str | None = None
     """AR: `default` (vLLM's) or `cpp`; DiT: `step` (requests join and leave between denoising
     steps) or `fifo` (whole requests). Default: `default`, or `step` (`fifo` for executors that
@@ -190,7 +193,7 @@ class StageConfig:
             if required not in values:
                 raise ValueError(f"{required}: required")
         values = dict(values)
-        for key in ("model", "tokenizer"):
+        for key in ("model", "tokenizer", "hf_processor"):
             if values.get(key) is not None:
                 values[key] = _resolve_path(key, values[key], base_dir, locate)
         for key in ("input_modalities", "output_modalities"):

@@ -14,17 +14,16 @@ from typing import TYPE_CHECKING
 from vllm_omni.cpp.config import CPPConfig
 from vllm_omni.cpp.cost_model import CostModel, ModelShape
 from vllm_omni.logger import init_logger
+from vllm_omni.platform.cache_dir import cache_root
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = init_logger(__name__)
 
-CACHE_ENV = "VLLM_OMNI_CACHE_DIR"
-
 
 def calibration_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "vllm_omni")) / "cpp"
+    return cache_root() / "cpp"
 
 
 def calibration_key(model: str, pp_size: int, dtype: str, device: str) -> str:

@@ -102,7 +102,8 @@ def _priced(values: dict[tuple, float], shape: tuple) -> float:
 
 
 def _pixels(shape: tuple) -> int:
-    if len(shape) == 2 and all(isinstance(v, int) for v in shape):
+    """The output pixels of a step key (height, width[, an edit's input sizes])."""
+    if len(shape) >= 2 and all(isinstance(v, int) for v in shape[:2]):
         return shape[0] * shape[1]
     return 0
 

@@ -14,6 +14,9 @@ from typing import Any
 
 from vllm_omni.errors import FieldError
 
+INPUT_IMAGES = "image"
+"""The request option that carries an edit's input images."""
+
 OUTPUT_TYPES = ("pil", "latent")
 
 
@@ -91,8 +94,13 @@ class DiffusionSamplingParams:
         return self.num_inference_steps
 
     def step_key(self, inputs: Mapping[str, Any]) -> Hashable:
-        """Equal image sizes share a transformer call, whatever their step, prompt or guidance."""
-        return (self.height, self.width)
+        """Equal image sizes share a transformer call, whatever their step, prompt or guidance;
+        an edit's input images must have equal sizes too (their latents join each row's
+        sequence). In the stage process input images are arrays (height, width, channels)."""
+        images = inputs.get(INPUT_IMAGES)
+        if not images:
+            return (self.height, self.width)
+        return (self.height, self.width, tuple(image.shape[:2] for image in images))
 
     def call_key(self, inputs: Mapping[str, Any]) -> Hashable:
         return (

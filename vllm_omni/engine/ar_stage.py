@@ -11,11 +11,13 @@ from the model families, by registered name (a stage's `processor:`).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vllm_omni.config.combined_folder import model_with_processor
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.engine.hidden_states_tap import HiddenStatesTap
@@ -59,10 +61,12 @@ class ARStage:
             args.update(self.processor.engine_defaults())
         args.update(self.config.engine_args)
         args["model"] = self.config.model
-        if self.config.tokenizer is not None and not _has_tokenizer(self.config.model):
+        if self.config.hf_processor is not None:
+            args["model"] = model_with_processor(self.config.model, self.config.hf_processor)
+        if self.config.tokenizer is not None and not _has_tokenizer(args["model"]):
             args.setdefault("tokenizer", self.config.tokenizer)
         if not args.get("skip_tokenizer_init") and "tokenizer" not in args:
-            if Path(self.config.model).is_dir() and not _has_tokenizer(self.config.model):
+            if Path(args["model"]).is_dir() and not _has_tokenizer(args["model"]):
                 # vLLM would start and then fail every request with "prompt cannot be empty".
                 raise FieldError(
                     f"stages.{self.name}.tokenizer",
@@ -70,6 +74,11 @@ class ARStage:
                     "(tokenizer_config.json); name its folder, e.g. `tokenizer: tokenizer` for "
                     "a diffusers pipeline's text encoder",
                 )
+        if self.is_encoder and args.get("dtype", "auto") == "auto":
+            # vLLM's `auto` computes a float32 checkpoint in float16; an encoder's rows feed
+            # another model, which diffusers gives them in the checkpoint's own dtype.
+            if _checkpoint_dtype(args["model"]) == "float32":
+                args["dtype"] = "float32"
         if self.config.executor != "auto":
             args["distributed_executor_backend"] = self.config.executor
         if self.config.scheduler == "cpp":
@@ -122,7 +131,7 @@ class ARStage:
 
     @property
     def request_options(self) -> tuple[str, ...]:
-        return self.processor.request_options if isinstance(self.processor, Generator) else ()
+        return self.processor.request_options if self.processor is not None else ()
 
     def takes_params(self, params: Any) -> bool:
         """Whether one parameter object given for a whole request is this stage's."""
@@ -195,15 +204,19 @@ class ARStage:
         return out
 
     async def _encode(self, request_id: str, inputs: dict[str, Any]) -> dict[str, Any]:
-        from vllm import PoolingParams, TokensPrompt
+        from vllm import PoolingParams, TextPrompt, TokensPrompt
 
         tokenizer = self.engine.get_tokenizer()
+        images = self.processor.images(inputs)
 
         async def encode(tensor_name: str, text: str):
             final = None
             params = PoolingParams(task="token_embed")
-            ids = tokenizer.encode(text)[: self.processor.max_input_tokens]
-            prompt = TokensPrompt(prompt_token_ids=ids)
+            if images:  # vLLM's processor expands the image placeholders: no cut token ids
+                prompt = TextPrompt(prompt=text, multi_modal_data={"image": images})
+            else:
+                ids = tokenizer.encode(text)[: self.processor.max_input_tokens]
+                prompt = TokensPrompt(prompt_token_ids=ids)
             async for out in self.engine.encode(prompt, params, f"{request_id}/{tensor_name}"):
                 final = out
             return tensor_name, self.processor.output(final.outputs.data)
@@ -256,6 +269,19 @@ class ARStage:
                 self.stop_output_handler()
             self.engine.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
             self.engine = None
+
+
+def _checkpoint_dtype(folder: str) -> str | None:
+    """The dtype a local transformers checkpoint says its weights are in (None: not said)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    for section in (config, config.get("text_config") or {}):
+        dtype = section.get("dtype") or section.get("torch_dtype")
+        if dtype:
+            return str(dtype)
+    return None
 
 
 def _has_tokenizer(folder: str) -> bool:

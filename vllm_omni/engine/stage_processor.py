@@ -5,7 +5,8 @@ Model families register them by name (a stage's `processor:`, vllm_omni.models.r
 kinds:
 
 - `PromptEncoder`: the engine runs a text encoder as a pooling model; the processor wraps the
-  prompts in the model's template and keeps the rows the next stage reads.
+  prompts in the model's template and keeps the rows the next stage reads. An encoder that also
+  reads the request's input images (a vision-language model) overrides `images`.
 - a `Generator` subclass: drives a generating engine itself (`run`), e.g. a stage that writes
   text and hands on its hidden states, or one that turns them into speech codes.
 
@@ -39,6 +40,9 @@ class PromptEncoder:
         ("negative_prompt", "negative_prompt_embeds"),
     )
 
+    request_options: ClassVar[tuple[str, ...]] = ()
+    """Request-level options (fields of the prompt mapping) it reads from its inputs."""
+
     @property
     def max_input_tokens(self) -> int:
         """The tokens that decide the rows kept: the encoder is causal, so a row depends only on
@@ -64,6 +68,11 @@ class PromptEncoder:
             if text is not None:
                 out[tensor_name] = self.template.format(text)
         return out
+
+    def images(self, inputs: dict[str, Any]) -> list[Any]:
+        """The images every prompt of the request is encoded with (none: text alone). With
+        images the engine's multimodal processor expands their placeholders in the prompt."""
+        return []
 
     def output(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return hidden_states[self.drop_tokens :][: self.max_tokens]

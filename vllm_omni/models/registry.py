@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 FAMILY_PACKAGES = (
     "qwen_image",
     "qwen_image_edit",
+    "qwen_image_edit_plus",
     "qwen2_5_omni",
     "plain_lm",
     "diffusers_pipeline",

@@ -95,3 +95,26 @@ def test_a_request_without_text_is_refused(omni):
     # the stage keeps serving
     out = omni.generate("a red cat", DiffusionSamplingParams(num_inference_steps=2, seed=0))[0]
     assert out.images
+
+
+def test_an_editing_pipeline_served_whole_equals_its_own_call(tiny_models):
+    """Any editing pipeline runs whole, one edit per call: here Qwen-Image-Edit through a graph
+    that names the whole-pipeline executor (its family's graph runs it in stages instead)."""
+    from diffusers import DiffusionPipeline
+
+    from vllm_omni.models.diffusers_pipeline.graph import whole_pipeline_graph
+
+    from ..qwen_image_edit.test_edit import picture
+
+    folder = tiny_models["qwen-image-edit"]
+    graph = whole_pipeline_graph("qwen_image_edit", "diffusers_pipeline")
+    p = DiffusionSamplingParams(height=32, width=48, num_inference_steps=2, seed=3)
+    with OmniLLM(folder, stage_configs=graph) as omni:
+        out = omni.generate({"prompt": "make it red", "image": picture(0)}, p, use_tqdm=False)
+        with pytest.raises(FieldError, match="at most 1") as e:
+            omni.generate({"prompt": "x", "image": [picture(0)] * 2}, p, use_tqdm=False)
+        assert e.value.field == "image"
+    pipe = DiffusionPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipeline_image(pipe, "make it red", p, image=picture(0))
+    assert np.abs(np.asarray(out[0].images[0]).astype(int) - theirs.astype(int)).max() <= 2

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`vllm serve Qwen/Qwen-Image-Edit --omni` (the tiny pipeline under the real name): OpenAI's
-`images.edit` through the official client equals diffusers' own call; bad uploads get 400."""
+`images.edit` through the official client equals diffusers' own call (its encoder given the
+model's image positions); bad uploads get 400."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from vllm_omni.diffusion.params import DiffusionSamplingParams
 from ...helpers.server import BIN, ServerProcess
 from .test_edit import MAX_PIXEL_DIFF, picture, reference
 
-pytestmark = pytest.mark.engine  # a server process (no vLLM engine: one process stage)
+pytestmark = pytest.mark.engine
 
 MODEL = "Qwen/Qwen-Image-Edit"
 MAX_PIXELS = 256 * 256
@@ -98,4 +99,5 @@ def test_the_schema_states_the_form(server):
     schema = requests.get(f"{server.url}/openapi.json", timeout=30).json()
     form = schema["paths"]["/v1/images/edits"]["post"]["requestBody"]["content"]
     properties = form["multipart/form-data"]["schema"]["properties"]
-    assert {"image", "prompt", "n", "size", "seed", "guidance_scale"} <= set(properties)
+    assert {"image", "prompt", "n", "size", "seed", "true_cfg_scale"} <= set(properties)
+    assert "guidance_scale" not in properties  # Qwen-Image-Edit is not guidance-distilled

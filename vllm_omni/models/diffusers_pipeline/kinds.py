@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 from PIL import Image
 
@@ -24,10 +24,6 @@ class WholePipelineKind(ImageKind):
     name = "diffusers_pipeline"
     whole_requests = True
     request_options = ("negative_prompt", IMAGE_ARG)
-    max_input_images: ClassVar[Mapping[str, int]] = {}
-    """Input images a request may give, by pipeline class, where one pipeline call edits
-    several images into one (default: 1, as an editing pipeline given a list of images treats
-    them as a batch of separate requests)."""
 
     def build(self, config, cache, pipe: Any = None):
         from vllm_omni.models.diffusers_pipeline.executor import WholePipelineExecutor
@@ -45,7 +41,8 @@ class WholePipelineKind(ImageKind):
 
     def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
         """The negative prompt; an editing pipeline's input images, checked, and where the
-        request gives no size, the first image's aspect at the pipeline's default area."""
+        request gives no size, the last image's aspect (as the editing pipelines take it) at the
+        pipeline's default area."""
         assert isinstance(info, PipelineStageInfo), info
         params = super().apply_options(params, inputs, info) or DiffusionSamplingParams()
         images = inputs.get(IMAGE_ARG)
@@ -56,22 +53,27 @@ class WholePipelineKind(ImageKind):
             return params
         if not edits:
             raise FieldError(IMAGE_ARG, f"{info.pipeline_class} takes no input image")
-        images = images if isinstance(images, list) else [images]
-        if not images or not all(isinstance(image, Image.Image) for image in images):
-            raise FieldError(IMAGE_ARG, "must be a PIL image or a non-empty list of them")
-        limit = self.max_input_images.get(info.pipeline_class, 1)
-        if len(images) > limit:
-            raise FieldError(
-                IMAGE_ARG,
-                f"{info.pipeline_class} takes at most {limit} input image(s), got {len(images)}",
-            )
+        # One: an editing pipeline given a list of images may take it as a batch of edits.
+        images = check_input_images(images, info.pipeline_class, 1)
         if params.height is None and params.width is None:
-            height, width = edit_size(images[0].size, info.default_size, info.size_multiple)
+            height, width = edit_size(images[-1].size, info.default_size, info.size_multiple)
             params = replace(params, height=height, width=width)
         return params
 
     def prompt_inputs(self, params: Any) -> dict[str, Any]:
         return {}  # the pipeline encodes its prompts itself
+
+
+def check_input_images(value: Any, pipeline_class: str, limit: int) -> list[Image.Image]:
+    """A request's input images as a list, or ValueError naming the field."""
+    images = value if isinstance(value, list) else [value]
+    if not images or not all(isinstance(image, Image.Image) for image in images):
+        raise FieldError(IMAGE_ARG, "must be a PIL image or a non-empty list of them")
+    if len(images) > limit:
+        raise FieldError(
+            IMAGE_ARG, f"{pipeline_class} takes at most {limit} input image(s), got {len(images)}"
+        )
+    return images
 
 
 def edit_size(

@@ -10,6 +10,7 @@ mode). The text encoder is not loaded: prompt embeddings arrive from the AR stag
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
 from vllm_omni.models.qwen_image.model_runner import (
     NEGATIVE_PROMPT_EMBEDS,
     PROMPT_EMBEDS,
+    Conditioning,
     DiffusionModelRunner,
     as_batch,
     pad_text,
@@ -53,13 +55,24 @@ class DiffusersPipelineExecutor:
     """`pipe`: an already built pipeline to run instead of loading `config.model` (shapes
     with no folder on disk: benchmarks/gpu_check.py's full-size random transformer)."""
 
+    skip_components: ClassVar[tuple[str, ...]] = ()
+    """Pipeline components not loaded besides the text encoder and its tokenizer."""
+
     def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         start = time.perf_counter()
-        self.pipe = load_pipeline(config, self.device) if pipe is None else pipe.to(self.device)
+        if pipe is None:
+            self.pipe = load_pipeline(config, self.device, *self.skip_components)
+        else:
+            self.pipe = pipe.to(self.device)
         self.model_runner = DiffusionModelRunner(
-            self.pipe, cache, self.device, config.decode, config.residual_cache
+            self.pipe,
+            cache,
+            self.device,
+            config.decode,
+            config.residual_cache,
+            self.conditioning(self.pipe),
         )
         logger.info(
             "DiT stage: loaded %s (%s) on %s in %.1f s",
@@ -68,6 +81,10 @@ class DiffusersPipelineExecutor:
             self.device,
             time.perf_counter() - start,
         )
+
+    def conditioning(self, pipe) -> Conditioning | None:
+        """How the pipeline's input images condition the DiT (an editing family's)."""
+        return None
 
     @property
     def info(self) -> ImageStageInfo:
@@ -109,8 +126,9 @@ class DiffusersPipelineExecutor:
         return out
 
     @torch.inference_mode()
-    def _run_pipeline(self, requests: list[DiTRequest]) -> dict[str, object]:
-        """One diffusers call for requests sharing size, steps and guidance."""
+    def _run_pipeline(self, requests: list[DiTRequest], **extra) -> dict[str, object]:
+        """One diffusers call for requests sharing size, steps and guidance; `extra`: more
+        arguments of the call."""
         p = requests[0].params
         kwargs = {}
         names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if p.do_cfg else [])
@@ -132,6 +150,7 @@ class DiffusersPipelineExecutor:
             generator=generators,
             output_type="latent" if p.output_type == "latent" or not self.config.decode else "pil",
             **kwargs,
+            **extra,
         ).images
         if p.output_type == "latent" or not self.config.decode:
             return {r.request_id: result[i].detach().cpu() for i, r in enumerate(requests)}

@@ -14,6 +14,8 @@ DiTCacheManager, so releasing the entry frees everything.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -25,13 +27,31 @@ from vllm_omni.errors import FieldError
 from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
 from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
 
+IMAGE_ARG = "image"
+
 PROMPT_EMBEDS = "prompt_embeds"
 NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
+IMAGE_LATENTS = "image_latents"
+CONDITION_GRIDS = "condition_grids"
+
+
+class Conditioning(Protocol):
+    """How an editing pipeline's input images condition the DiT (a family's, e.g.
+    vllm_omni.models.qwen_image_edit.conditioning): appended to each row's latent sequence."""
+
+    def latent_tokens(self, images: Sequence[Any]) -> int: ...
+
+    def prepare(
+        self, pipe, images: Sequence[Any], height: int, width: int, dtype, device, generator
+    ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+        """(noise latents, image latents, the images' latent grids) for one request."""
+        ...
 
 
 class DiffusionModelRunner:
     """`residual_cache`: the stage's first-block caching policy (None: off unless a request
-    asks for it with `cache_threshold`)."""
+    asks for it with `cache_threshold`); `conditioning`: an editing pipeline's, which every
+    request's input images (`image`) go through."""
 
     def __init__(
         self,
@@ -40,6 +60,7 @@ class DiffusionModelRunner:
         device: torch.device,
         decodes: bool = True,
         residual_cache: ResidualCacheConfig | None = None,
+        conditioning: Conditioning | None = None,
     ) -> None:
         if pipe.transformer.config.get("guidance_embeds", False):
             raise NotImplementedError("guidance-distilled transformers are not supported yet")
@@ -51,6 +72,7 @@ class DiffusionModelRunner:
         self.decodes = decodes
         self.num_channels_latents = pipe.transformer.config.in_channels // 4
         self.residual_cache = residual_cache
+        self.conditioning = conditioning
         wanted = residual_cache is not None and residual_cache.enabled
         # On a transformer it does not know, the constructor raises, naming the setting.
         self.cached_forward = (
@@ -65,8 +87,13 @@ class DiffusionModelRunner:
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         _, h, w = self.latent_grid(request.params.height, request.params.width)
-        latents = h * w * self.num_channels_latents * 4 * self.dtype.itemsize
-        embeds = sum(t.numel() * t.element_size() for t in request.inputs.values())
+        rows = h * w
+        if self.conditioning is not None and IMAGE_ARG in request.inputs:
+            rows += self.conditioning.latent_tokens(request.inputs[IMAGE_ARG])
+        latents = rows * self.num_channels_latents * 4 * self.dtype.itemsize
+        embeds = sum(
+            t.numel() * t.element_size() for t in request.inputs.values() if torch.is_tensor(t)
+        )
         return latents + embeds
 
     # ------------------------------------------------------------------ step path
@@ -76,9 +103,23 @@ class DiffusionModelRunner:
 
         p = request.params
         generator = torch.Generator(device="cpu").manual_seed(p.seed)
-        latents = self.pipe.prepare_latents(
-            1, self.num_channels_latents, p.height, p.width, self.dtype, self.device, generator
-        )
+        tensors, state = {}, {}
+        if self.conditioning is None:
+            latents = self.pipe.prepare_latents(
+                1, self.num_channels_latents, p.height, p.width, self.dtype, self.device, generator
+            )
+        else:
+            if IMAGE_ARG not in request.inputs:
+                raise FieldError(IMAGE_ARG, "the edit stage needs the input image")
+            latents, tensors[IMAGE_LATENTS], state[CONDITION_GRIDS] = self.conditioning.prepare(
+                self.pipe,
+                request.inputs[IMAGE_ARG],
+                p.height,
+                p.width,
+                self.dtype,
+                self.device,
+                generator,
+            )
         sampler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
         cfg = sampler.config
         mu = calculate_shift(
@@ -91,7 +132,7 @@ class DiffusionModelRunner:
         steps = p.num_inference_steps
         sampler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu, device=self.device)
         sampler.set_begin_index(0)
-        tensors = {"latents": latents}
+        tensors["latents"] = latents
         for name in (PROMPT_EMBEDS, NEGATIVE_PROMPT_EMBEDS):
             if name in request.inputs and (name == PROMPT_EMBEDS or p.do_cfg):
                 tensors[name] = as_batch(request.inputs[name]).to(self.device, self.dtype)
@@ -100,7 +141,12 @@ class DiffusionModelRunner:
         if p.do_cfg and NEGATIVE_PROMPT_EMBEDS not in tensors:
             raise FieldError("inputs", f"guidance needs {NEGATIVE_PROMPT_EMBEDS!r}")
         self.cache.allocate(
-            request.request_id, tensors, sampler=sampler, step=0, **{POLICY: self.policy(p)}
+            request.request_id,
+            tensors,
+            sampler=sampler,
+            step=0,
+            **state,
+            **{POLICY: self.policy(p)},
         )
 
     def policy(self, params) -> ResidualCacheConfig | None:
@@ -118,24 +164,29 @@ class DiffusionModelRunner:
     @torch.inference_mode()
     def denoise_step(self, requests: list[DiTRequest]) -> None:
         """One denoising step for requests of equal image size, as one transformer call."""
-        rows_latents, rows_t, rows_text, groups = [], [], [], []
+        rows_latents, rows_t, rows_text, rows_grids, groups = [], [], [], [], []
         entries = [self.cache.get(r.request_id) for r in requests]
+        p0 = requests[0].params
+        grid = self.latent_grid(p0.height, p0.width)
         for request, entry in zip(requests, entries):
             t = entry.state["sampler"].timesteps[entry.state["step"]]
             names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if request.params.do_cfg else [])
+            latents = entry.tensors["latents"]
+            if IMAGE_LATENTS in entry.tensors:  # an edit: its images' latents follow the noise
+                latents = torch.cat([latents, entry.tensors[IMAGE_LATENTS]], dim=1)
             start = len(rows_latents)
             for name in names:  # guidance: the unconditional row rides in the same batch
-                rows_latents.append(entry.tensors["latents"])
+                rows_latents.append(latents)
                 rows_t.append(t)
                 rows_text.append(entry.tensors[name])
+                rows_grids.append([grid, *entry.state.get(CONDITION_GRIDS, ())])
             groups.append(
                 RowGroup(start, len(rows_latents), entry, entry.state["step"], request.num_steps)
             )
         latents = torch.cat(rows_latents)
         timestep = torch.stack(rows_t).to(latents.dtype) / 1000
         text, mask = pad_text(rows_text)
-        p0 = requests[0].params
-        img_shapes = [[self.latent_grid(p0.height, p0.width)]] * latents.shape[0]
+        img_shapes = rows_grids
         if any(g.policy is not None for g in groups):
             noise = self.cached_forward(latents, timestep, text, mask, img_shapes, groups)
         else:
@@ -150,10 +201,11 @@ class DiffusionModelRunner:
             )[0]
         row = 0
         for request, entry in zip(requests, entries):
-            pred = noise[row : row + 1]
+            own = entry.tensors["latents"].shape[1]  # the prediction for the output's rows
+            pred = noise[row : row + 1, :own]
             row += 1
             if request.params.do_cfg:
-                pred = _guide(pred, noise[row : row + 1], request.params.true_cfg_scale)
+                pred = _guide(pred, noise[row : row + 1, :own], request.params.true_cfg_scale)
                 row += 1
             sampler = entry.state["sampler"]
             t = sampler.timesteps[entry.state["step"]]

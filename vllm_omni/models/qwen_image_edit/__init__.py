@@ -1,21 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Qwen-Image-Edit (diffusers `QwenImageEditPipeline`) and Edit-Plus (`QwenImageEditPlusPipeline`,
-several input images): served whole, one edit per pipeline call."""
+"""Qwen-Image-Edit (diffusers `QwenImageEditPipeline`): Qwen2.5-VL reading the prompt with the
+input image on vLLM -> the DiT, step-batched, conditioned on the image's VAE latents. Edit-Plus
+(several input images) is a family of its own (vllm_omni.models.qwen_image_edit_plus) on the
+same executor."""
 
-from vllm_omni.models.qwen_image_edit.kinds import QwenImageEditKind
+from vllm_omni.models.qwen_image_edit.graph import edit_graph
+from vllm_omni.models.qwen_image_edit.kinds import QwenImageEditDiT
+from vllm_omni.models.qwen_image_edit.prompt import edit_encoder
 from vllm_omni.models.registry import ModelFamily
-
-
-def _graph() -> dict:
-    from vllm_omni.models.diffusers_pipeline.graph import whole_pipeline_graph
-
-    return whole_pipeline_graph("qwen_image_edit", QwenImageEditKind.name)
-
 
 FAMILY = ModelFamily(
     name="qwen_image_edit",
-    graph=_graph,
-    pipeline_classes=("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),
-    repos=("Qwen/Qwen-Image-Edit", "Qwen/Qwen-Image-Edit-2509"),
-    executors=(QwenImageEditKind(),),
+    graph=lambda: edit_graph("qwen_image_edit", "qwen_image_edit_prompt"),
+    pipeline_classes=("QwenImageEditPipeline",),
+    repos=("Qwen/Qwen-Image-Edit",),
+    processors={"qwen_image_edit_prompt": edit_encoder},
+    executors=(QwenImageEditDiT(),),
 )

@@ -1,13 +1,45 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Qwen-Image-Edit's executor, as registered: `qwen_image_edit` (the whole pipeline per edit)."""
+"""Qwen-Image-Edit's executor, as registered: `qwen_image_edit` (the DiT, step-batched, with the
+input images as conditioning latents)."""
 
 from __future__ import annotations
 
-from vllm_omni.models.diffusers_pipeline.kinds import WholePipelineKind
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from vllm_omni.diffusion.executor_kind import StageInfo
+from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.errors import FieldError
+from vllm_omni.models.diffusers_pipeline.kinds import check_input_images
+from vllm_omni.models.qwen_image.kinds import QwenImageDiT
+from vllm_omni.models.qwen_image_edit.conditioning import EditConditioning
+from vllm_omni.models.qwen_image_edit.prompt import IMAGE_ARG
 
 
-class QwenImageEditKind(WholePipelineKind):
+class QwenImageEditDiT(QwenImageDiT):
     name = "qwen_image_edit"
-    # Edit-Plus conditions one image on several (its model card: one to three); Edit takes one
-    # (a list is a batch to it).
-    max_input_images = {"QwenImageEditPlusPipeline": 3}
+    request_options = ("negative_prompt", IMAGE_ARG)
+
+    def build(self, config, cache, pipe: Any = None):
+        from vllm_omni.models.qwen_image_edit.executor import EditPipelineExecutor
+
+        return EditPipelineExecutor(config, cache, pipe)
+
+    def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
+        """The negative prompt and the input images, checked; where the request gives no
+        size, the pipelines' own: the last image's aspect at about 1024x1024."""
+        from vllm_omni.models.qwen_image_edit.executor import EditStageInfo
+
+        assert isinstance(info, EditStageInfo), info
+        params = super().apply_options(params, inputs, info) or DiffusionSamplingParams()
+        if inputs.get(IMAGE_ARG) is None:
+            raise FieldError(IMAGE_ARG, f"{info.pipeline_class} edits an image: give one")
+        images = check_input_images(inputs[IMAGE_ARG], info.pipeline_class, info.max_input_images)
+        height, width = EditConditioning(takes_list=False, max_images=1).vae_size(images[-1].size)
+        multiple = info.size_multiple
+        return replace(
+            params,
+            height=params.height or height // multiple * multiple,
+            width=params.width or width // multiple * multiple,
+        )
