@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Property-based fuzzing of a live server's JSON request bodies, generated from the OpenAPI
-schema the server publishes (schemathesis on hypothesis).
+"""Property-based fuzzing of a live server's JSON request bodies and multipart forms, generated
+from the OpenAPI schema the server publishes (schemathesis on hypothesis).
 
 Two runs per operation:
 - positive: bodies valid under the published schema; most must be answered 2xx (counted), and a
@@ -192,4 +192,135 @@ def fuzz_operation(
 
     valid_bodies_are_accepted()
     invalid_bodies_are_refused()
+    return tally
+
+
+# ------------------------------------------------------------------ multipart forms
+def form_schema(openapi: dict[str, Any], path: str, files: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON schema of POST `path`'s multipart form without its file fields, self-contained:
+    what its text fields may hold, each read as the form's text."""
+    form = openapi["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]
+    schema = inline_refs(form["schema"], openapi)
+    schema["properties"] = {k: v for k, v in schema["properties"].items() if k not in files}
+    schema["required"] = [k for k in schema.get("required", ()) if k not in files]
+    return schema
+
+
+def _as_json_operation(openapi: dict[str, Any], path: str, schema: dict[str, Any]) -> Any:
+    """A one-operation document whose JSON body is `schema`: what schemathesis generates from."""
+    document = {
+        "openapi": openapi["openapi"],
+        "info": openapi["info"],
+        "paths": {
+            path: {
+                "post": {
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": schema}},
+                    },
+                    "responses": {"200": {"description": "OK"}},
+                }
+            }
+        },
+    }
+    return schemathesis.openapi.from_dict(document)[path]["POST"]
+
+
+def as_form(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """A generated body as form fields: text as is, other values as JSON text, a list as the
+    field repeated, null as the field left out."""
+    fields = []
+    for key, value in body.items():
+        for one in value if isinstance(value, list) else [value]:
+            if one is not None:
+                fields.append((key, one if isinstance(one, str) else json.dumps(one)))
+    return fields
+
+
+def violated_form_fields(schema: dict[str, Any], fields: list[tuple[str, str]]) -> set[str]:
+    """The fields a form violates: unknown, missing, repeated, or text that neither as text
+    nor read as a JSON value fits the field's schema (the server reads "2" as 2)."""
+    keys = [key for key, _ in fields]
+    violated = {key for key in keys if keys.count(key) > 1}
+    violated |= {key for key in keys if key not in schema["properties"]}
+    violated |= set(schema.get("required", ())) - set(keys)
+    for key, text in fields:
+        if key in violated:
+            continue
+        candidates: list[Any] = [text]
+        try:
+            candidates.append(json.loads(text))
+        except ValueError:
+            pass
+        field_schema = Draft202012Validator(schema["properties"][key])
+        if not any(field_schema.is_valid(value) for value in candidates):
+            violated.add(key)
+    return violated
+
+
+def _send_form(
+    base_url: str, path: str, headers: dict[str, str], fields: list, files: list
+) -> requests.Response:
+    note(f"POST {path} form {fields!r}")
+    return requests.post(
+        f"{base_url}{path}", data=fields, files=files, headers=headers, timeout=120
+    )
+
+
+def fuzz_form_operation(
+    base_url: str,
+    headers: dict[str, str],
+    openapi: dict[str, Any],
+    path: str,
+    *,
+    files: dict[str, Any],
+    cheap: dict[str, Any],
+    check_ok: Callable[[dict[str, Any], dict[str, Any]], None],
+    positive_examples: int,
+    negative_examples: int,
+) -> Tally:
+    """`fuzz_operation` for a multipart form: its text fields generated from the published
+    form schema, sent with `files` (a valid upload: `{field: (name, bytes, type)}`)."""
+    tally = Tally()
+    published = form_schema(openapi, path, tuple(files))
+    uploads = list(files.items())
+    narrowed = copy.deepcopy(published)
+    narrowed["properties"].update(cheap)
+    narrowed["required"] = sorted({*narrowed["required"], *cheap})
+
+    @fuzz_settings(positive_examples)
+    @given(
+        _as_json_operation(openapi, path, narrowed).as_strategy(
+            generation_mode=schemathesis.GenerationMode.POSITIVE
+        )
+    )
+    def valid_forms_are_accepted(case) -> None:
+        fields = as_form(case.body)
+        assert violated_form_fields(published, fields) == set(), fields
+        response = _send_form(base_url, path, headers, fields, uploads)
+        tally.valid += 1
+        if 200 <= response.status_code < 300:
+            tally.accepted += 1
+            check_ok(case.body, response.json())
+        else:
+            tally.refusals[_check_error(response, fields=set(case.body))] += 1
+
+    @fuzz_settings(negative_examples)
+    @given(
+        _as_json_operation(openapi, path, published).as_strategy(
+            generation_mode=schemathesis.GenerationMode.NEGATIVE
+        )
+    )
+    def invalid_forms_are_refused(case) -> None:
+        if not isinstance(case.body, dict):
+            reject()  # a form is a set of fields: nothing else can be sent as one
+        fields = as_form(case.body)
+        violated = violated_form_fields(published, fields)
+        if not violated:
+            reject()  # as form text the body is valid (e.g. 2 sent as "2" to a text field)
+        tally.invalid += 1
+        _check_error(_send_form(base_url, path, headers, fields, uploads), violated)
+
+    valid_forms_are_accepted()
+    invalid_forms_are_refused()
     return tally

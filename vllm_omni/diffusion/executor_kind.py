@@ -42,13 +42,15 @@ class StageInfo:
 
 @dataclass(frozen=True)
 class ImageStageInfo(StageInfo):
-    """A stage that makes images: its default `(height, width)`, what sizes must divide by, and
-    the optional fields of DiffusionSamplingParams it cannot take (`refuses`): a request that
-    sets one is refused naming it, and the server leaves them out of its published schema."""
+    """A stage that makes images: its default `(height, width)`, what sizes must divide by, the
+    optional fields of DiffusionSamplingParams it cannot take (`refuses`: a request that sets one
+    is refused naming it, and the server leaves them out of its published schema), and how many
+    input images a request may give it (`max_input_images`: an editing stage's; 0 for none)."""
 
     default_size: tuple[int, int]
     size_multiple: int
     refuses: frozenset[str] = field(default=frozenset(), kw_only=True)
+    max_input_images: int = field(default=0, kw_only=True)
 
 
 class ProcessParams(Protocol):

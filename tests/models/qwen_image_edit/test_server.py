@@ -101,3 +101,53 @@ def test_the_schema_states_the_form(server):
     properties = form["multipart/form-data"]["schema"]["properties"]
     assert {"image", "prompt", "n", "size", "seed", "true_cfg_scale"} <= set(properties)
     assert "guidance_scale" not in properties  # Qwen-Image-Edit is not guidance-distilled
+
+
+def _check_edit_reply(body: dict, reply: dict) -> None:
+    n = body.get("n", 1)
+    assert len(reply["data"]) == n, reply
+    for item in reply["data"]:
+        assert base64.b64decode(item["b64_json"][:12]).startswith(b"\x89PNG")
+
+
+def test_fuzz_edit_forms_from_the_published_schema(server):
+    """Forms generated from the published schema: valid ones are edited (at least 90%, and any
+    refusal names a field it sent), invalid ones get a 400 naming a field they violate; never
+    a 5xx, and the server stays up."""
+    from ...helpers.openapi_fuzz import fuzz_form_operation
+
+    openapi = requests.get(f"{server.url}/openapi.json", timeout=30).json()
+    form = openapi["paths"]["/v1/images/edits"]["post"]["requestBody"]["content"]
+    size = form["multipart/form-data"]["schema"]["properties"]["size"]
+    sides = range(size["x-size-multiple"], 64 + 1, size["x-size-multiple"])
+    small = {"type": "integer", "minimum": 1, "maximum": 2}
+    cheap = {
+        "size": {"enum": [f"{w}x{h}" for w in sides for h in sides]},
+        "n": small,
+        "num_inference_steps": small,
+        "latency_slo_ms": {"type": "number", "minimum": 600_000, "maximum": 10**9},
+    }
+    tally = fuzz_form_operation(
+        server.url,
+        {},
+        openapi,
+        "/v1/images/edits",
+        files={"image": ("picture.png", png(picture(0, (40, 32))), "image/png")},
+        cheap=cheap,
+        check_ok=_check_edit_reply,
+        positive_examples=12,
+        negative_examples=40,
+    )
+    print(tally)
+    assert tally.valid == 12 and tally.invalid == 40
+    assert tally.accepted_fraction >= 0.9, tally
+    assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_the_schema_states_the_image_limits(server):
+    schema = requests.get(f"{server.url}/openapi.json", timeout=30).json()
+    form = schema["paths"]["/v1/images/edits"]["post"]["requestBody"]["content"]
+    one, many = form["multipart/form-data"]["schema"]["properties"]["image"]["anyOf"]
+    assert one["x-max-pixels"] == many["items"]["x-max-pixels"] == MAX_PIXELS
+    assert one["maxLength"] == 16 * 2**20
+    assert many["maxItems"] == 1  # Qwen-Image-Edit edits one image

@@ -116,8 +116,23 @@ def _request_body() -> dict[str, Any]:
         "image": {"anyOf": [image, {"type": "array", "items": image, "maxItems": MAX_IMAGES}]},
         **fields["properties"],
     }
-    schema = {"type": "object", "properties": properties, "required": ["image", "prompt"]}
+    schema = {
+        "type": "object",
+        "properties": properties,
+        "required": ["image", "prompt"],
+        "additionalProperties": False,  # an unknown field is a 400 naming it
+    }
     return {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
+
+
+def state_limits(form: dict[str, Any], max_images: int, max_pixels: int) -> None:
+    """This server's limits on the form's images: how many its model takes (0: it says
+    nothing) and their pixels (--max-image-pixels)."""
+    one, many = form["properties"]["image"]["anyOf"]
+    for file in (one, many["items"]):
+        file["x-max-pixels"] = max_pixels
+    if max_images:
+        many["maxItems"] = max_images
 
 
 def published_forms(schema: dict[str, Any]) -> list[dict[str, Any]]:

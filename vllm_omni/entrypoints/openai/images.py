@@ -79,18 +79,22 @@ def _schema_limits(schema: dict[str, Any], server: OmniServer) -> None:
     limits: dict[str, int] = {"x-max-pixels": config.max_pixels}
     steps = {"x-max-request-steps": config.max_request_steps}
     refused: frozenset[str] = frozenset()
+    max_images = 0
     if server.omni is not None:
         limits["x-size-multiple"] = size_multiple(server.omni)
         infos = [i for i in server.omni.stage_info().values() if isinstance(i, ImageStageInfo)]
         refused = frozenset.intersection(*(i.refuses for i in infos)) if infos else refused
+        max_images = max((i.max_input_images for i in infos), default=0)
     bodies = schema.get("components", {}).get("schemas", {})
     forms = [
         bodies[name]
         for name in ("ImageGenerationRequest", "ChatCompletionRequest")
         if name in bodies
     ]
-    forms += image_edits.published_forms(schema)
-    for body in forms:
+    edit_forms = image_edits.published_forms(schema)
+    for form in edit_forms:
+        image_edits.state_limits(form, max_images, config.max_pixels)
+    for body in forms + edit_forms:
         body["properties"]["size"].update(limits)
         for name in ("n", "num_inference_steps"):
             body["properties"][name].update(steps)

@@ -74,6 +74,8 @@ class WholePipelineExecutor:
             type(self.pipe).__name__,
             self.call_args,
             refuses=frozenset(OPTIONAL_ARGS) - self.call_args,
+            # One: an editing pipeline given a list of images may take it as a batch of edits.
+            max_input_images=1 if IMAGE_ARG in self.call_args else 0,
         )
         logger.info(
             "pipeline stage: loaded %s (%s) on %s in %.1f s",

@@ -53,8 +53,7 @@ class WholePipelineKind(ImageKind):
             return params
         if not edits:
             raise FieldError(IMAGE_ARG, f"{info.pipeline_class} takes no input image")
-        # One: an editing pipeline given a list of images may take it as a batch of edits.
-        images = check_input_images(images, info.pipeline_class, 1)
+        images = check_input_images(images, info.pipeline_class, info.max_input_images)
         if params.height is None and params.width is None:
             height, width = edit_size(images[-1].size, info.default_size, info.size_multiple)
             params = replace(params, height=height, width=width)

@@ -24,10 +24,9 @@ one to three, its model card says)."""
 
 @dataclass(frozen=True)
 class EditStageInfo(ImageStageInfo):
-    """An edit stage: its pipeline class, and the input images a request may give."""
+    """An edit stage, with its pipeline class (for errors)."""
 
     pipeline_class: str
-    max_input_images: int
 
 
 class EditPipelineExecutor(DiffusersPipelineExecutor):
