@@ -26,6 +26,7 @@ def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
         "qwen_image",
         "qwen_image_edit",
         "qwen_image_edit_plus",
+        "z_image",
         "qwen2_5_omni",
         PLAIN_LM,
         ANY_PIPELINE,
@@ -96,6 +97,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "qwen_image_prompt",
         "qwen_image_edit_prompt",
         "qwen_image_edit_plus_prompt",
+        "z_image_prompt",
         "qwen25_omni_thinker",
         "qwen25_omni_talker",
     }
@@ -105,6 +107,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "code2wav",
         "diffusers_pipeline",
         "qwen_image_edit",
+        "z_image",
     }
     for family in families().values():
         for stage in family.graph()["stages"]:

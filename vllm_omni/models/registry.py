@@ -34,6 +34,7 @@ FAMILY_PACKAGES = (
     "qwen_image",
     "qwen_image_edit",
     "qwen_image_edit_plus",
+    "z_image",
     "qwen2_5_omni",
     "plain_lm",
     "diffusers_pipeline",

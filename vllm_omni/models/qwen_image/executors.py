@@ -20,6 +20,7 @@ from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
+from vllm_omni.diffusion.step_loop import execute_steps
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
@@ -114,7 +115,7 @@ class DiffusersPipelineExecutor:
         if scheduled.mode == "step":
             for request_id in scheduled.new_request_ids:
                 self.model_runner.prepare(requests[request_id])
-            finished, seconds, decode_seconds = self.model_runner.execute_steps(groups)
+            finished, seconds, decode_seconds = execute_steps(self.model_runner, groups)
             return DiTRunnerOutput(finished, seconds, decode_seconds)
         out = DiTRunnerOutput()
         for request_id in scheduled.new_request_ids:  # held while the call runs, for accounting

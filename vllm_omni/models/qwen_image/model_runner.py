@@ -13,7 +13,6 @@ DiTCacheManager, so releasing the entry frees everything.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -238,26 +237,6 @@ class DiffusionModelRunner:
             for (request, _), image in zip(to_decode, images):
                 results[request.request_id] = image
         return results
-
-    # ------------------------------------------------------------------ batch
-    def execute_steps(
-        self, groups: list[list[DiTRequest]]
-    ) -> tuple[dict[str, object], list[float], list[float]]:
-        """One denoising step per group, then the VAE decode of the group's requests that
-        finished; returns the results and, per group, the seconds of each (apart: the
-        scheduler prices steps and decodes separately)."""
-        finished: dict[str, object] = {}
-        seconds, decode_seconds = [], []
-        for group in groups:
-            start = time.perf_counter()
-            self.denoise_step(group)
-            denoised = time.perf_counter()
-            done = [r for r in group if self.is_done(r)]
-            if done:
-                finished.update(self.decode(done))
-            seconds.append(denoised - start)
-            decode_seconds.append(time.perf_counter() - denoised)
-        return finished, seconds, decode_seconds
 
 
 def as_batch(embeds: torch.Tensor) -> torch.Tensor:

@@ -1,3 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Z-Image (diffusers `ZImagePipeline`): served whole by the `diffusers_pipeline` family for now;
-this folder holds its tiny builder."""
+"""Z-Image (diffusers `ZImagePipeline`): its Qwen3 text encoder on vLLM (up to the layer the
+pipeline reads, text_encoder.py) -> the DiT, step-batched (runner.py)."""
+
+from vllm_omni.models.registry import ModelFamily
+from vllm_omni.models.z_image.encoder_config import ENCODER_ARCH
+from vllm_omni.models.z_image.graph import stage_graph
+from vllm_omni.models.z_image.kinds import ZImageDiT
+from vllm_omni.models.z_image.prompt import prompt_encoder
+
+FAMILY = ModelFamily(
+    name="z_image",
+    graph=stage_graph,
+    pipeline_classes=("ZImagePipeline",),
+    repos=("Tongyi-MAI/Z-Image-Turbo",),
+    processors={"z_image_prompt": prompt_encoder},
+    executors=(ZImageDiT(),),
+    vllm_models={ENCODER_ARCH: "vllm_omni.models.z_image.text_encoder:ZImageQwen3TextEncoder"},
+)

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`vllm serve Tongyi-MAI/Z-Image-Turbo --omni` (the tiny Z-Image, served whole): the OpenAI
-Images API through the official openai client, images equal diffusers' own call."""
+"""Image models by name through `vllm serve NAME --omni` (the tiny pipelines under the real
+names): Z-Image (its Qwen3 on vLLM, the DiT step-batched) and a pipeline no family claims,
+Stable Diffusion 3.5 (served whole). The OpenAI Images API through the official openai client
+gives the images diffusers' own call makes; bad requests get 400 naming the field."""
 
 from __future__ import annotations
 
@@ -14,17 +16,19 @@ import requests
 import torch
 from PIL import Image
 
-from ...helpers.server import BIN, ServerProcess
+from ..helpers.server import BIN, ServerProcess
 
-pytestmark = pytest.mark.engine  # a server process (no vLLM engine: one process stage)
+pytestmark = pytest.mark.engine
 
-MODEL = "Tongyi-MAI/Z-Image-Turbo"
+MODELS = {"Tongyi-MAI/Z-Image-Turbo": "z-image", "stabilityai/stable-diffusion-3.5-medium": "sd3"}
 MAX_PIXEL_DIFF = 2  # of 255
 
 
-@pytest.fixture(scope="module")
-def server(hub_env):
-    with ServerProcess([str(BIN / "vllm"), "serve", MODEL, "--omni"], env=hub_env) as server:
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def server(request, hub_env):
+    command = [str(BIN / "vllm"), "serve", request.param, "--omni"]
+    with ServerProcess(command, env=hub_env) as server:
+        server.model = request.param
         yield server
 
 
@@ -33,15 +37,15 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
-def test_image_equals_diffusers(client, tiny_models):
+def test_image_equals_diffusers(server, client, tiny_models):
     from diffusers import DiffusionPipeline
 
     extra = {"seed": 3, "num_inference_steps": 3, "guidance_scale": 2.0}
     extra["negative_prompt"] = "blurry"
     result = client.images.generate(
-        model=MODEL, prompt="a red cat", size="64x48", n=2, extra_body=extra
+        model=server.model, prompt="a red cat", size="64x48", n=2, extra_body=extra
     )
-    pipe = DiffusionPipeline.from_pretrained(tiny_models["z-image"])
+    pipe = DiffusionPipeline.from_pretrained(tiny_models[MODELS[server.model]])
     pipe.set_progress_bar_config(disable=True)
     for i, item in enumerate(result.data):
         ours = np.asarray(Image.open(io.BytesIO(base64.b64decode(item.b64_json))))

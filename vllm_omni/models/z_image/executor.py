@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Z-Image's DiT stage: the pipeline without its text encoder (the prompt embeddings come from
+the encoder stage), run step-wise by ZImageRunner. In `fifo` mode a group's requests run all
+their steps together before the next group starts."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.config import DiTConfig, resolve_device
+from vllm_omni.diffusion.executor_kind import ImageStageInfo
+from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
+from vllm_omni.diffusion.step_loop import execute_steps
+from vllm_omni.logger import init_logger
+from vllm_omni.models.z_image.runner import ZImageRunner
+
+logger = init_logger(__name__)
+
+DEFAULT_SIZE = (1024, 1024)  # the pipeline's own default
+REFUSES = frozenset({"cache_threshold"})
+"""Residual caching is Qwen-Image's (its transformer's blocks); Z-Image's has none yet."""
+
+
+class ZImageExecutor:
+    def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
+        from diffusers import DiffusionPipeline
+
+        self.config = config
+        self.device = resolve_device(config.device)
+        start = time.perf_counter()
+        if pipe is None:
+            kwargs = {"text_encoder": None, "tokenizer": None}
+            if config.dtype != "auto":
+                kwargs["torch_dtype"] = getattr(torch, config.dtype)
+            pipe = DiffusionPipeline.from_pretrained(config.model, **kwargs)
+        self.pipe = pipe.to(self.device)
+        self.pipe.set_progress_bar_config(disable=True)
+        self.runner = ZImageRunner(self.pipe, cache, self.device)
+        logger.info(
+            "DiT stage: loaded %s (%s) on %s in %.1f s",
+            config.model,
+            type(self.pipe).__name__,
+            self.device,
+            time.perf_counter() - start,
+        )
+
+    @property
+    def info(self) -> ImageStageInfo:
+        multiple = self.pipe.vae_scale_factor * 2
+        return ImageStageInfo(DEFAULT_SIZE, multiple, refuses=REFUSES)
+
+    def check_request(self, request: DiTRequest) -> None:
+        pass
+
+    def estimate_bytes(self, request: DiTRequest) -> int:
+        p = request.params
+        latents = (p.height // 8) * (p.width // 8) * self.pipe.transformer.in_channels * 4
+        embeds = sum(t.numel() * t.element_size() for t in request.inputs.values())
+        return latents + embeds
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def execute_model(
+        self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]
+    ) -> DiTRunnerOutput:
+        for request_id in scheduled.new_request_ids:
+            self.runner.prepare(requests[request_id])
+        groups = [[requests[rid] for rid in group] for group in scheduled.groups]
+        if scheduled.mode == "step":
+            return DiTRunnerOutput(*execute_steps(self.runner, groups))
+        out = DiTRunnerOutput()
+        for group in groups:  # whole requests: every step of the group, then its images
+            start = time.perf_counter()
+            while not all(self.runner.is_done(r) for r in group):
+                running = [r for r in group if not self.runner.is_done(r)]
+                finished, _, _ = execute_steps(self.runner, [running])
+                out.finished.update(finished)
+            out.step_seconds.append(time.perf_counter() - start)
+        return out
