@@ -85,6 +85,26 @@ def test_equal_edits_share_denoising_steps(edit_model):
     assert max_pixel_diff(outputs[2].images[0], alone[0].images[0]) <= MAX_PIXEL_DIFF
 
 
+def test_the_residual_cache_serves_edits(edit_model):
+    """Edits run the first-block cached forward: with a threshold no step meets it gives the
+    plain forward's edit, and with one that steps meet it serves rows from the cache. (The tiny
+    random-weight transformer's first-block residual changes by about its own size from step
+    to step, so only the loosest threshold, 1.0, caches; a trained one changes far less.)"""
+    omni, _, num_images = edit_model
+    image = [picture(4)] * num_images
+
+    def edit(steps: int, threshold: float):
+        p = DiffusionSamplingParams(
+            height=16, width=16, num_inference_steps=steps, seed=4, cache_threshold=threshold
+        )
+        return omni.generate({"prompt": "add rain", "image": image}, p, use_tqdm=False)[0]
+
+    assert max_pixel_diff(edit(6, 1e-6).images[0], edit(6, 0.0).images[0]) <= 1
+    before = omni.get_stage_stats()["dit"]["residual_cached_rows"]
+    assert edit(40, 1.0).images[0].size == (16, 16)
+    assert omni.get_stage_stats()["dit"]["residual_cached_rows"] > before
+
+
 def test_edits_of_other_input_sizes_run_in_their_own_batches(edit_model):
     """One output size, input images of two sizes: their latents' sequences differ in length,
     so the two never share a transformer call, and each is the edit it is alone."""
