@@ -11,7 +11,10 @@ Builds the tiny models (once), then
 2. generates images with OmniLLM("Qwen/Qwen-Image") - the tiny pipeline, stored under the real
    name in a hub cache of the demo's (offline) - with the text encoder on a vLLM engine and the
    DiT in its own process, saves them as PNG and checks one against diffusers' own pipeline;
-3. has OmniLLM("Qwen/Qwen2.5-Omni-7B") (the tiny one, the same way) answer in text and speech
+3. edits the first image with OmniLLM("Qwen/Qwen-Image-Edit") - Qwen2.5-VL reading the prompt and
+   the image on vLLM, the DiT conditioned on the image's latents - and checks the edit against
+   diffusers' own pipeline (its encoder given the model's image positions);
+4. has OmniLLM("Qwen/Qwen2.5-Omni-7B") (the tiny one, the same way) answer in text and speech
    (thinker and talker on vLLM engines, code2wav in the DiT process), saves the speech as WAV
    and checks the text tokens against transformers' thinker.
 The models have random weights, so replies are gibberish and images are noise-like patterns;
@@ -81,6 +84,7 @@ def engine_logs_to(path: Path) -> Iterator[None]:
 
 
 IMAGE_MODEL = "Qwen/Qwen-Image"
+EDIT_MODEL = "Qwen/Qwen-Image-Edit"
 SPEECH_MODEL = "Qwen/Qwen2.5-Omni-7B"
 
 PROMPTS = [
@@ -192,6 +196,43 @@ def run_images(model: str, hub_cache: Path, out_dir: Path) -> bool:
     return same
 
 
+EDIT_PROMPT = "make the sofa green"
+
+
+def run_edit(model: str, hub_cache: Path, out_dir: Path) -> bool:
+    import numpy as np
+    import torch
+    from diffusers import QwenImageEditPipeline
+    from PIL import Image
+
+    from vllm_omni import DiffusionSamplingParams, OmniLLM
+    from vllm_omni.models.qwen_image_edit.reference import with_image_positions
+
+    image = Image.open(out_dir / "image-0.png")
+    params = DiffusionSamplingParams(height=128, width=128, num_inference_steps=20, seed=0)
+    with OmniLLM(model, download_dir=hub_cache) as omni:
+        start = time.perf_counter()
+        out = omni.generate({"prompt": EDIT_PROMPT, "image": image}, params)[0]
+        elapsed = time.perf_counter() - start
+    path = out_dir / "edit-0.png"
+    out.images[0].save(path)
+    say(f"\n[demo] OmniLLM: {EDIT_PROMPT!r} on image-0.png -> {path} in {elapsed:.2f} s")
+    pipe = with_image_positions(QwenImageEditPipeline.from_pretrained(model, cache_dir=hub_cache))
+    pipe.set_progress_bar_config(disable=True)
+    reference = pipe(
+        image=image,
+        prompt=EDIT_PROMPT,
+        height=128,
+        width=128,
+        num_inference_steps=20,
+        generator=torch.Generator().manual_seed(0),
+    ).images[0]
+    diff = np.abs(np.asarray(reference, int) - np.asarray(out.images[0], int)).max()
+    same = diff <= 2
+    say(f"[demo] OmniLLM edit equals diffusers' (max pixel difference {diff}/255): {same}")
+    return same
+
+
 SPEECH_PROMPT = "<|im_start|>user\nSay something about the sea.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -280,13 +321,15 @@ def run(args: argparse.Namespace) -> None:
     models = build_tiny_models(args.models_dir or default_models_dir(), names=["llama-8l"])
     model = str(models["llama-8l"])
     say(f"[demo] tiny model: {model}")
-    build_hub_cache(args.hub_cache, [IMAGE_MODEL, SPEECH_MODEL])
-    say(f"[demo] tiny {IMAGE_MODEL} and {SPEECH_MODEL} in the hub cache {args.hub_cache}")
+    build_hub_cache(args.hub_cache, [IMAGE_MODEL, EDIT_MODEL, SPEECH_MODEL])
+    names = f"{IMAGE_MODEL}, {EDIT_MODEL} and {SPEECH_MODEL}"
+    say(f"[demo] tiny {names} in the hub cache {args.hub_cache}")
 
     same = run_pipeline_parallel(model, args.max_tokens)
     images_same = run_images(IMAGE_MODEL, args.hub_cache, args.out)
+    edit_same = run_edit(EDIT_MODEL, args.hub_cache, args.out)
     speech_same = run_speech(SPEECH_MODEL, args.hub_cache, args.out, args.max_tokens)
-    if not (same and images_same and speech_same):
+    if not (same and images_same and edit_same and speech_same):
         raise SystemExit(1)
 
 
