@@ -5,8 +5,9 @@ then the decode of those that finished. Runners of any family implement `StepRun
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
+from vllm_omni.diffusion.cache_manager import DiTCacheEntry
 from vllm_omni.diffusion.request import DiTRequest
 
 
@@ -39,3 +40,14 @@ def execute_steps(
         seconds.append(denoised - start)
         decode_seconds.append(time.perf_counter() - denoised)
     return finished, seconds, decode_seconds
+
+
+def advance(entry: DiTCacheEntry, prediction: Any) -> None:
+    """A request's latents one step on: its own sampler (`state["sampler"]`, at
+    `state["step"]`) steps them with the transformer's `prediction`."""
+    sampler = entry.state["sampler"]
+    t = sampler.timesteps[entry.state["step"]]
+    entry.tensors["latents"] = sampler.step(
+        prediction, t, entry.tensors["latents"], return_dict=False
+    )[0]
+    entry.state["step"] += 1

@@ -16,6 +16,7 @@ from PIL import Image
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
+from vllm_omni.diffusion.pipeline_loader import load_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.errors import FieldError
@@ -29,15 +30,6 @@ OPTIONAL_ARGS = ("guidance_scale", "negative_prompt")
 """Request fields passed on only to pipelines whose `__call__` takes them."""
 FALLBACK_SIZE = 1024
 """Default image side for a pipeline that does not say its own (`default_sample_size`)."""
-
-
-def load_pipeline(config: DiTConfig, device: torch.device):
-    from diffusers import DiffusionPipeline
-
-    kwargs = {} if config.dtype == "auto" else {"torch_dtype": getattr(torch, config.dtype)}
-    pipe = DiffusionPipeline.from_pretrained(config.model, **kwargs)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
 
 
 def default_size(pipe: Any) -> tuple[int, int]:

@@ -18,6 +18,7 @@ import torch
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
+from vllm_omni.diffusion.pipeline_loader import load_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.diffusion.step_loop import execute_steps
@@ -39,32 +40,23 @@ REFUSES = frozenset({"guidance_scale"})
 """Qwen-Image guides with a negative prompt and `true_cfg_scale`; it has no distilled guidance."""
 
 
-def load_pipeline(config: DiTConfig, device: torch.device, *skip: str):
-    """The pipeline without the text encoder (embeddings come from the AR stage) and without
-    the components named in `skip`."""
-    from diffusers import DiffusionPipeline
-
-    kwargs = {name: None for name in ("text_encoder", "tokenizer", *skip)}
-    if config.dtype != "auto":
-        kwargs["torch_dtype"] = getattr(torch, config.dtype)
-    pipe = DiffusionPipeline.from_pretrained(config.model, **kwargs)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
+TEXT_ENCODER = ("text_encoder", "tokenizer")
+"""Components the DiT stage does not load: the prompt embeddings come from the AR stage."""
 
 
 class DiffusersPipelineExecutor:
     """`pipe`: an already built pipeline to run instead of loading `config.model` (shapes
     with no folder on disk: benchmarks/gpu_check.py's full-size random transformer)."""
 
-    skip_components: ClassVar[tuple[str, ...]] = ()
-    """Pipeline components not loaded besides the text encoder and its tokenizer."""
+    skip_components: ClassVar[tuple[str, ...]] = TEXT_ENCODER
+    """Pipeline components not loaded (another stage runs them)."""
 
     def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         start = time.perf_counter()
         if pipe is None:
-            self.pipe = load_pipeline(config, self.device, *self.skip_components)
+            self.pipe = load_pipeline(config, self.device, self.skip_components)
         else:
             self.pipe = pipe.to(self.device)
         self.model_runner = DiffusionModelRunner(
@@ -168,7 +160,7 @@ class VAEDecoderExecutor:
         self.config = config
         self.cache = cache
         self.device = resolve_device(config.device)
-        self.pipe = load_pipeline(config, self.device, "transformer")
+        self.pipe = load_pipeline(config, self.device, (*TEXT_ENCODER, "transformer"))
         self.decoder = LatentDecoder(self.pipe)
 
     @property

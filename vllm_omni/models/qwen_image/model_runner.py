@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.params import INPUT_IMAGES as IMAGE_ARG
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.residual_cache import POLICY, ResidualCacheConfig, RowGroup
+from vllm_omni.diffusion.step_loop import advance
 from vllm_omni.errors import FieldError
 from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
 from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
-
-IMAGE_ARG = "image"
 
 PROMPT_EMBEDS = "prompt_embeds"
 NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
@@ -206,12 +206,7 @@ class DiffusionModelRunner:
             if request.params.do_cfg:
                 pred = _guide(pred, noise[row : row + 1, :own], request.params.true_cfg_scale)
                 row += 1
-            sampler = entry.state["sampler"]
-            t = sampler.timesteps[entry.state["step"]]
-            entry.tensors["latents"] = sampler.step(
-                pred, t, entry.tensors["latents"], return_dict=False
-            )[0]
-            entry.state["step"] += 1
+            advance(entry, pred)
 
     def is_done(self, request: DiTRequest) -> bool:
         entry = self.cache.get(request.request_id)

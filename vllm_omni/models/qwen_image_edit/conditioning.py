@@ -17,6 +17,19 @@ import numpy as np
 import torch
 from PIL import Image
 
+VAE_AREA = 1024 * 1024
+"""About how many pixels the editing pipelines encode each input image at (and make an edit
+of, when it gives no size)."""
+
+
+def area_size(area: int, image_size: tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of about `area` pixels in the aspect of an image of `image_size`
+    (width, height), rounded as the editing pipelines round it."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import calculate_dimensions
+
+    width, height = calculate_dimensions(area, image_size[0] / image_size[1])
+    return height, width
+
 
 @dataclass(frozen=True)
 class EditConditioning:
@@ -25,16 +38,11 @@ class EditConditioning:
 
     takes_list: bool
     max_images: int
-    vae_area: int = 1024 * 1024
+    vae_area: int = VAE_AREA
 
     def vae_size(self, image_size: tuple[int, int]) -> tuple[int, int]:
         """(height, width) the pipeline encodes an image of `image_size` (width, height) at."""
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
-            calculate_dimensions,
-        )
-
-        width, height = calculate_dimensions(self.vae_area, image_size[0] / image_size[1])
-        return height, width
+        return area_size(self.vae_area, image_size)
 
     def latent_tokens(self, images: Sequence[Any]) -> int:
         """Packed latent rows the images add to each transformer row (2x2 patches of 8x)."""

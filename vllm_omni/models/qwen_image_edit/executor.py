@@ -10,7 +10,11 @@ import torch
 
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.models.qwen_image.executors import REFUSES, DiffusersPipelineExecutor
+from vllm_omni.models.qwen_image.executors import (
+    REFUSES,
+    TEXT_ENCODER,
+    DiffusersPipelineExecutor,
+)
 from vllm_omni.models.qwen_image_edit.conditioning import EditConditioning, as_pil
 from vllm_omni.models.qwen_image_edit.prompt import IMAGE_ARG
 
@@ -30,7 +34,7 @@ class EditStageInfo(ImageStageInfo):
 
 
 class EditPipelineExecutor(DiffusersPipelineExecutor):
-    skip_components = ("processor",)  # the encoder stage's, with the text encoder
+    skip_components = (*TEXT_ENCODER, "processor")  # the encoder stage's
 
     def conditioning(self, pipe) -> EditConditioning:
         name = type(pipe).__name__

@@ -13,7 +13,7 @@ from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.errors import FieldError
 from vllm_omni.models.diffusers_pipeline.kinds import check_input_images
 from vllm_omni.models.qwen_image.kinds import QwenImageDiT
-from vllm_omni.models.qwen_image_edit.conditioning import EditConditioning
+from vllm_omni.models.qwen_image_edit.conditioning import VAE_AREA, area_size
 from vllm_omni.models.qwen_image_edit.prompt import IMAGE_ARG
 
 
@@ -36,7 +36,7 @@ class QwenImageEditDiT(QwenImageDiT):
         if inputs.get(IMAGE_ARG) is None:
             raise FieldError(IMAGE_ARG, f"{info.pipeline_class} edits an image: give one")
         images = check_input_images(inputs[IMAGE_ARG], info.pipeline_class, info.max_input_images)
-        height, width = EditConditioning(takes_list=False, max_images=1).vae_size(images[-1].size)
+        height, width = area_size(VAE_AREA, images[-1].size)
         multiple = info.size_multiple
         return replace(
             params,

@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_omni.diffusion.params import INPUT_IMAGES as IMAGE_ARG
 from vllm_omni.engine.stage_processor import PromptEncoder
 from vllm_omni.errors import FieldError
+from vllm_omni.models.qwen_image_edit.conditioning import VAE_AREA, area_size
 
-IMAGE_ARG = "image"
 SYSTEM = (
     "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "
     "texture, objects, background), then explain how the user's text instruction should alter "
@@ -41,7 +42,7 @@ class ImagePromptEncoder(PromptEncoder):
     kept); `image_label`: a per-image prefix of the prompt (Edit-Plus: "Picture 1: ...") where
     the template has no image placeholder of its own; `max_images` per request."""
 
-    condition_area: int = 1024 * 1024
+    condition_area: int = VAE_AREA
     image_label: str | None = None
     max_images: int = 1
 
@@ -68,14 +69,11 @@ class ImagePromptEncoder(PromptEncoder):
 
     def images(self, inputs: dict[str, Any]) -> list[Any]:
         from diffusers.image_processor import VaeImageProcessor
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
-            calculate_dimensions,
-        )
 
         resizer = VaeImageProcessor()  # the pipelines' resize: PIL, Lanczos
         resized = []
         for image in _given(inputs):
-            width, height = calculate_dimensions(self.condition_area, image.width / image.height)
+            height, width = area_size(self.condition_area, image.size)
             resized.append(resizer.resize(image.convert("RGB"), height, width))
         return resized
 
@@ -89,7 +87,7 @@ def _given(inputs: dict[str, Any]) -> list[Any]:
 
 def edit_encoder(config=None) -> ImagePromptEncoder:
     return ImagePromptEncoder(
-        EDIT_TEMPLATE, drop_tokens=DROP_TOKENS, max_tokens=1 << 30, condition_area=1024 * 1024
+        EDIT_TEMPLATE, drop_tokens=DROP_TOKENS, max_tokens=1 << 30, condition_area=VAE_AREA
     )
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
+from vllm_omni.diffusion.pipeline_loader import load_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.diffusion.step_loop import execute_steps
@@ -27,18 +26,13 @@ REFUSES = frozenset({"cache_threshold"})
 
 class ZImageExecutor:
     def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
-        from diffusers import DiffusionPipeline
-
         self.config = config
         self.device = resolve_device(config.device)
         start = time.perf_counter()
-        if pipe is None:
-            kwargs = {"text_encoder": None, "tokenizer": None}
-            if config.dtype != "auto":
-                kwargs["torch_dtype"] = getattr(torch, config.dtype)
-            pipe = DiffusionPipeline.from_pretrained(config.model, **kwargs)
-        self.pipe = pipe.to(self.device)
-        self.pipe.set_progress_bar_config(disable=True)
+        if pipe is None:  # the text encoder is the encoder stage's
+            self.pipe = load_pipeline(config, self.device, ("text_encoder", "tokenizer"))
+        else:
+            self.pipe = pipe.to(self.device)
         self.runner = ZImageRunner(self.pipe, cache, self.device)
         logger.info(
             "DiT stage: loaded %s (%s) on %s in %.1f s",

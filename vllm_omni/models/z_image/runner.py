@@ -16,6 +16,7 @@ import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.step_loop import advance
 from vllm_omni.errors import FieldError
 
 PROMPT_EMBEDS = "prompt_embeds"
@@ -91,13 +92,7 @@ class ZImageRunner:
                 negative = out[row].float()
                 row += 1
                 pred = pred + request.params.guidance_scale * (pred - negative)
-            noise = -pred.squeeze(1)[None]
-            sampler = entry.state["sampler"]
-            t = sampler.timesteps[entry.state["step"]]
-            entry.tensors["latents"] = sampler.step(
-                noise, t, entry.tensors["latents"], return_dict=False
-            )[0]
-            entry.state["step"] += 1
+            advance(entry, -pred.squeeze(1)[None])
 
     def is_done(self, request: DiTRequest) -> bool:
         return self.cache.get(request.request_id).state["step"] >= request.num_steps
