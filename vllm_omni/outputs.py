@@ -37,6 +37,8 @@ class OmniRequestOutput:
     audio: torch.Tensor | None = None  # 1-D float32 waveform
     sample_rate: int | None = None
     codec_token_ids: list[int] | None = None  # the speech codes the audio was decoded from
+    video: np.ndarray | None = None  # uint8 frames, (frames, height, width, 3)
+    fps: float | None = None  # the video's playback rate
     seed: int | None = None
     stage_timings: dict[str, StageTiming] = field(default_factory=dict)
     arrival: float = 0.0
@@ -48,8 +50,8 @@ class OmniRequestOutput:
 
 
 class MultimodalOutputProcessor:
-    """Turns the final stages' raw outputs (uint8 image arrays, latents, text, waveforms) into an
-    OmniRequestOutput; the speech codes come from whichever stage made them."""
+    """Turns the final stages' raw outputs (uint8 images and videos, latents, text, waveforms)
+    into an OmniRequestOutput; the speech codes come from whichever stage made them."""
 
     def process(
         self,
@@ -83,6 +85,9 @@ class MultimodalOutputProcessor:
                 out.token_ids = outputs.get("token_ids")
                 out.prompt_token_ids = outputs.get("prompt_token_ids")
                 out.finish_reason = outputs.get("finish_reason")
+            if "video" in outputs:
+                out.video = np.asarray(outputs["video"], dtype=np.uint8)
+                out.fps = outputs.get("fps")
             if "audio" in outputs:
                 out.audio = outputs["audio"]
                 out.sample_rate = outputs.get("sample_rate")

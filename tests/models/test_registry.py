@@ -27,6 +27,7 @@ def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
         "qwen_image_edit",
         "qwen_image_edit_plus",
         "z_image",
+        "wan",
         "qwen2_5_omni",
         PLAIN_LM,
         ANY_PIPELINE,
@@ -64,14 +65,17 @@ def test_detection(tmp_path: Path) -> None:
     img2img = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
     with pytest.raises(ValueError, match=r"its __call__ takes no \['height', 'width'\]"):
         detect_family(img2img)
-    video = checkpoint({"model_index.json": {"_class_name": "WanPipeline"}})
-    with pytest.raises(ValueError, match=r"class 'WanPipeline', which takes 'num_frames'"):
+    for pipeline in ("WanPipeline", "WanImageToVideoPipeline"):
+        wan = checkpoint({"model_index.json": {"_class_name": pipeline}})
+        assert detect_family(wan) is get_family("wan")
+    video = checkpoint({"model_index.json": {"_class_name": "CogVideoXPipeline"}})
+    with pytest.raises(ValueError, match=r"class 'CogVideoXPipeline', which takes 'num_frames'"):
         detect_family(video)
     odd = checkpoint({"model_index.json": {"_class_name": "AutoencoderKL"}})
     with pytest.raises(ValueError, match=r"'AutoencoderKL', which is not a pipeline class"):
         detect_family(odd)
-    with pytest.raises(ValueError, match=r"model_type: unknown family 'wan'"):
-        get_family("wan")
+    with pytest.raises(ValueError, match=r"model_type: unknown family 'cogvideox'"):
+        get_family("cogvideox")
 
 
 def test_a_family_is_validated() -> None:
@@ -108,6 +112,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "diffusers_pipeline",
         "qwen_image_edit",
         "z_image",
+        "wan",
     }
     for family in families().values():
         for stage in family.graph()["stages"]:

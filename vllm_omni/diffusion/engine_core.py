@@ -9,8 +9,9 @@ vLLM's EngineCore itself: see docs/architecture.md ("Why the DiT stage has its o
 Messages in (`inbox`): ("add", request_id, (inputs, params)) (inputs: numpy arrays and text),
 ("abort", request_id, None), ("stats", token, None), ("shutdown", None, None). Messages out
 (`outbox`): ("ready", None, info), ("error", None, traceback), ("done", request_id, result),
-("failed", request_id, the exception), ("step", None, (start, end, num_requests)), ("stats",
-token, stats).
+("failed", request_id, the exception), ("step", None, (start, end, num_requests, progress)) with
+progress {request_id: (steps done, steps in all)} of the requests the step ran, ("stats", token,
+stats).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class DiffusionEngineCore:
         self.num_steps = 0
         self.num_finished = 0
         self.last_step_s = 0.0
+        self.last_progress: dict[str, tuple[int, int]] = {}
+        """The last step's requests: request id -> (steps done, steps in all)."""
 
     @property
     def info(self) -> StageInfo:
@@ -79,14 +82,18 @@ class DiffusionEngineCore:
     def step(self) -> tuple[list[tuple[DiTRequest, object]], float, float]:
         scheduled = self.scheduler.schedule()
         start = time.monotonic()
+        self.last_progress = {}
         if scheduled.is_empty:
             return [], start, start
-        output = self.executor.execute_model(scheduled, self.scheduler.requests)
+        requests = self.scheduler.requests
+        output = self.executor.execute_model(scheduled, requests)
+        ran = [requests[rid] for group in scheduled.groups for rid in group if rid in requests]
         finished = self.scheduler.update_from_output(scheduled, output)
         end = time.monotonic()
         self.num_steps += 1
         self.num_finished += len(finished)
         self.last_step_s = end - start
+        self.last_progress = {r.request_id: (r.num_steps_done, r.num_steps) for r in ran}
         return finished, start, end
 
     def stats(self) -> dict[str, Any]:
@@ -166,7 +173,8 @@ def _step(core: DiffusionEngineCore, outbox) -> None:
             core.abort_request(request_id)
             outbox.put(("failed", request_id, RuntimeError(message)))
         return
-    outbox.put(("step", None, (start, end, core.scheduler.num_running + len(finished))))
+    running = core.scheduler.num_running + len(finished)
+    outbox.put(("step", None, (start, end, running, core.last_progress)))
     for request, result in finished:
         if torch.is_tensor(result):
             result = result.numpy()  # latents, waveforms; images are uint8 arrays already

@@ -116,13 +116,42 @@ class DiffusionSamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DiffusionSamplingParams:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise FieldError(
-                f"{unknown[0]}", f"unknown diffusion parameter; known: {sorted(known)}"
-            )
-        return cls(**values)
+        return params_from_dict(cls, values, "diffusion")
+
+
+def params_from_dict(cls: type, values: dict[str, Any], what: str) -> Any:
+    """A parameter dataclass from a dict, refusing a key that is not one of its fields."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise FieldError(unknown[0], f"unknown {what} parameter; known: {sorted(known)}")
+    return cls(**values)
+
+
+def stage_params(params: Any, cls: type, stage: str, what: str) -> Any:
+    """A request's parameters for `stage`: `cls()` for None, else `params` if it is a `cls`
+    (FieldError naming the stage's parameters otherwise)."""
+    if params is None:
+        return cls()
+    if not isinstance(params, cls):
+        raise FieldError(
+            f"sampling_params.{stage}",
+            f"{what} stage takes {cls.__name__}, got {type(params).__name__}",
+        )
+    return params
+
+
+def slo_deadline(params: Any) -> float | None:
+    """The request's deadline: its own, else its latency SLO counted from now."""
+    if params.deadline is None and params.latency_slo_ms is not None:
+        return time.time() + params.latency_slo_ms / 1000
+    return params.deadline
+
+
+def check_size_multiple(params: Any, multiple: int) -> None:
+    for name in ("height", "width"):
+        if getattr(params, name) % multiple:
+            raise FieldError(name, f"must be a multiple of {multiple}, got {getattr(params, name)}")
 
 
 def validate_image_params(
@@ -130,13 +159,7 @@ def validate_image_params(
 ) -> DiffusionSamplingParams:
     """A request's image parameters with size and seed filled in and the SLO turned into a
     deadline; raises ValueError naming the field the stage cannot serve."""
-    if params is None:
-        params = DiffusionSamplingParams()
-    if not isinstance(params, DiffusionSamplingParams):
-        raise FieldError(
-            f"sampling_params.{stage}",
-            f"an image stage takes DiffusionSamplingParams, got {type(params).__name__}",
-        )
+    params = stage_params(params, DiffusionSamplingParams, stage, "an image")
     if params.cache_threshold and scheduler != "step":
         raise FieldError(
             "cache_threshold",
@@ -144,21 +167,14 @@ def validate_image_params(
             f"{stage!r} runs whole requests ({scheduler!r})",
         )
     height, width = default_size
-    deadline = params.deadline
-    if deadline is None and params.latency_slo_ms is not None:
-        deadline = time.time() + params.latency_slo_ms / 1000  # the SLO counts from here
     params = replace(
         params,
         height=params.height or height,
         width=params.width or width,
         seed=params.seed if params.seed is not None else random.randrange(2**63),
-        deadline=deadline,
+        deadline=slo_deadline(params),  # the SLO counts from here
     )
-    for name in ("height", "width"):
-        if getattr(params, name) % multiple:
-            raise FieldError(
-                f"{name}", f"must be a multiple of {multiple}, got {getattr(params, name)}"
-            )
+    check_size_multiple(params, multiple)
     return params
 
 

@@ -51,3 +51,19 @@ def advance(entry: DiTCacheEntry, prediction: Any) -> None:
         prediction, t, entry.tensors["latents"], return_dict=False
     )[0]
     entry.state["step"] += 1
+
+
+def execute_whole(
+    runner: StepRunner, groups: list[list[DiTRequest]]
+) -> tuple[dict[str, object], list[float]]:
+    """Whole requests (the `fifo` scheduler): every step of a group, then its results, before
+    the next group; the results and each group's seconds."""
+    finished: dict[str, object] = {}
+    seconds = []
+    for group in groups:
+        start = time.perf_counter()
+        while not all(runner.is_done(r) for r in group):
+            done, _, _ = execute_steps(runner, [[r for r in group if not runner.is_done(r)]])
+            finished.update(done)
+        seconds.append(time.perf_counter() - start)
+    return finished, seconds

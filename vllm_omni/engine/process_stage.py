@@ -62,6 +62,7 @@ class ProcessStage:
         self.last_stats: dict[str, Any] = {}
         self.num_finished = 0
         self._pending: dict[Any, asyncio.Future] = {}
+        self._progress: dict[str, Callable[[dict[str, Any]], None]] = {}  # request -> its emit
         self._tokens = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._process = None
@@ -126,18 +127,30 @@ class ProcessStage:
     async def run(
         self, request_id: str, inputs: dict[str, Any], params, emit=None
     ) -> dict[str, Any]:
-        """`emit`, if given, hears partial outputs (of an executor that streams its input)."""
+        """`emit`, if given, hears partial outputs (of an executor that streams its input) and
+        the request's progress after each engine step that ran it: {"progress": fraction,
+        "step": steps done, "total_steps": steps in all}."""
         if "upstream" in inputs:
             out = await self.kind.stream(self, request_id, inputs["upstream"], params, emit)
         else:
-            out = self.kind.outputs(await self.submit(request_id, inputs, params), self.info)
+            raw = await self.submit(request_id, inputs, params, progress=emit)
+            out = self.kind.outputs(raw, self.info)
         self.num_finished += 1
         return out
 
-    async def submit(self, request_id: str, inputs: dict[str, Any], params) -> Any:
-        """One request through the stage process; its raw result."""
+    async def submit(
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Any:
+        """One request through the stage process; its raw result. `progress` hears the
+        request's steps as they are done."""
         future = self._loop.create_future()
         self._pending[request_id] = future
+        if progress is not None:
+            self._progress[request_id] = progress
         arrays = {k: _transferable(v) for k, v in inputs.items() if _is_transferable(v)}
         try:
             self._inbox.put(("add", request_id, (self._process.pack(arrays), params)))
@@ -147,6 +160,7 @@ class ProcessStage:
             raise
         finally:
             self._pending.pop(request_id, None)
+            self._progress.pop(request_id, None)
 
     async def stats(self) -> dict[str, Any]:
         token = ("stats", next(self._tokens))
@@ -201,9 +215,14 @@ class ProcessStage:
                 if future is not None and not future.done():
                     future.set_exception(error)
         elif kind == "step":
-            self.busy.add(payload[0], payload[1])
+            start, end, _, progress = payload
+            self.busy.add(start, end)
             for listener in self.step_listeners:
-                listener(payload[1] - payload[0])
+                listener(end - start)
+            for request_id, (done, total) in progress.items():
+                emit = self._progress.get(request_id)
+                if emit is not None:
+                    emit({"progress": done / total, "step": done, "total_steps": total})
         else:
             future = self._pending.get(key)
             if future is None or future.done():

@@ -35,6 +35,7 @@ FAMILY_PACKAGES = (
     "qwen_image_edit",
     "qwen_image_edit_plus",
     "z_image",
+    "wan",
     "qwen2_5_omni",
     "plain_lm",
     "diffusers_pipeline",

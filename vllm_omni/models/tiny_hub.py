@@ -30,6 +30,9 @@ HUB_NAMES: dict[str, str] = {
     "Tongyi-MAI/Z-Image-Turbo": "z-image",
     "Qwen/Qwen-Image-Edit": "qwen-image-edit",
     "Qwen/Qwen-Image-Edit-2509": "qwen-image-edit-plus",
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan2.1-t2v",
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan2.2-t2v",
+    "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": "wan2.1-i2v",
 }
 """Real repo id -> the tiny model of the same architecture stored under it."""
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_omni.diffusion.executor_kind import Emit, ExecutorKind, StageInfo, as_tensor
+from vllm_omni.diffusion.params import stage_params
 from vllm_omni.errors import FieldError
 from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
 
@@ -39,13 +40,7 @@ class Code2WavKind(ExecutorKind):
         return params if voice is None else replace(params or Code2WavParams(), voice=voice)
 
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Code2WavParams:
-        if params is None:
-            params = Code2WavParams()
-        if not isinstance(params, Code2WavParams):
-            raise FieldError(
-                f"sampling_params.{stage}",
-                f"a code2wav stage takes Code2WavParams, got {type(params).__name__}",
-            )
+        params = stage_params(params, Code2WavParams, stage, "a code2wav")
         if params.voice not in info.voices:
             raise FieldError("voice", f"unknown voice {params.voice!r}; known: {list(info.voices)}")
         if params.seed is None:

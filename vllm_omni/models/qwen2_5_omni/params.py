@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from vllm_omni.diffusion.params import is_finite, is_int
+from vllm_omni.diffusion.params import is_finite, is_int, params_from_dict
 from vllm_omni.errors import FieldError
 
 
@@ -90,8 +90,4 @@ class Code2WavParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Code2WavParams:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise FieldError(unknown[0], f"unknown code2wav parameter; known: {sorted(known)}")
-        return cls(**values)
+        return params_from_dict(cls, values, "code2wav")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
+from typing import Any
 
 from vllm_omni.models.tiny_common import randomize_, tiny_autoencoder_kl
 
@@ -114,7 +115,7 @@ def _clip_tokenizer(folder: Path, pad_token: str):
     return CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def _t5_tokenizer():
+def t5_tokenizer():
     """A T5 tokenizer (Unigram, T5's special ids: <pad> 0, </s> 1, <unk> 2) over the word-start
     marker, `_WORDS` as whole words and the printable ASCII characters; no sentinel tokens."""
     from transformers import T5TokenizerFast
@@ -151,16 +152,22 @@ def _clip_text_encoder(hidden: int, vocab: dict[str, int], hidden_act: str, seed
     return model
 
 
-def _t5_text_encoder(vocab_size: int, seed: int):
-    """T5 v1.1's encoder (gated GELU, relative position buckets), 2 layers."""
+def t5_text_encoder(
+    vocab_size: int, seed: int, width: int = SD3_T5_HIDDEN, umt5: bool = False
+) -> Any:
+    """T5 v1.1's encoder (gated GELU, relative position buckets), 2 layers of 2 heads; `umt5`:
+    UMT5's (the same with position buckets per layer)."""
     import torch
-    from transformers import T5Config, T5EncoderModel
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    config = T5Config(
+    config_class, model_class = (
+        (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
+    )
+    config = config_class(
         vocab_size=-(-vocab_size // 64) * 64,  # padded, as the release's 32128 for 32100 tokens
-        d_model=SD3_T5_HIDDEN,
-        d_kv=64,
-        d_ff=256,
+        d_model=width,
+        d_kv=width // 2,
+        d_ff=2 * width,
         num_layers=2,
         num_heads=2,
         relative_attention_num_buckets=32,
@@ -176,7 +183,7 @@ def _t5_text_encoder(vocab_size: int, seed: int):
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = T5EncoderModel(config)
+    model = model_class(config)
     randomize_(model, seed)
     return model
 
@@ -228,11 +235,11 @@ def build_sd3(out: Path) -> None:
     # The release's first CLIP tokenizer pads with <|endoftext|>, its second with "!".
     tokenizer = _clip_tokenizer(out / "tokenizer", ENDOFTEXT)
     tokenizer_2 = _clip_tokenizer(out / "tokenizer_2", "!")
-    tokenizer_3 = _t5_tokenizer()
+    tokenizer_3 = t5_tokenizer()
 
     text_encoder = _clip_text_encoder(SD3_CLIP_L_HIDDEN, clip_vocab, "quick_gelu", SD3_SEED)
     text_encoder_2 = _clip_text_encoder(SD3_CLIP_G_HIDDEN, clip_vocab, "gelu", SD3_SEED + 1)
-    text_encoder_3 = _t5_text_encoder(len(tokenizer_3), SD3_SEED + 2)
+    text_encoder_3 = t5_text_encoder(len(tokenizer_3), SD3_SEED + 2)
     transformer = _sd3_transformer()
 
     torch.manual_seed(SD3_SEED + 4)

@@ -13,7 +13,7 @@ from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.pipeline_loader import load_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
-from vllm_omni.diffusion.step_loop import execute_steps
+from vllm_omni.diffusion.step_loop import execute_steps, execute_whole
 from vllm_omni.logger import init_logger
 from vllm_omni.models.z_image.runner import ZImageRunner
 
@@ -67,12 +67,4 @@ class ZImageExecutor:
         groups = [[requests[rid] for rid in group] for group in scheduled.groups]
         if scheduled.mode == "step":
             return DiTRunnerOutput(*execute_steps(self.runner, groups))
-        out = DiTRunnerOutput()
-        for group in groups:  # whole requests: every step of the group, then its images
-            start = time.perf_counter()
-            while not all(self.runner.is_done(r) for r in group):
-                running = [r for r in group if not self.runner.is_done(r)]
-                finished, _, _ = execute_steps(self.runner, [running])
-                out.finished.update(finished)
-            out.step_seconds.append(time.perf_counter() - start)
-        return out
+        return DiTRunnerOutput(*execute_whole(self.runner, groups))

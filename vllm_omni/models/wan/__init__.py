@@ -1,0 +1,22 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Wan text-to-video and image-to-video (diffusers `WanPipeline`, `WanImageToVideoPipeline`;
+Wan2.1, and Wan2.2's two experts): one stage, the DiT step-batched across requests of one video
+shape (runner.py), its UMT5 text encoder and VAE in the same process."""
+
+from vllm_omni.models.registry import ModelFamily
+from vllm_omni.models.wan.graph import stage_graph
+from vllm_omni.models.wan.kinds import WanVideo
+
+FAMILY = ModelFamily(
+    name="wan",
+    graph=stage_graph,
+    pipeline_classes=("WanPipeline", "WanImageToVideoPipeline"),
+    repos=(
+        "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+        "Wan-AI/Wan2.1-T2V-14B-Diffusers",
+        "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+        "Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+        "Wan-AI/Wan2.2-I2V-A14B-Diffusers",
+    ),
+    executors=(WanVideo(),),
+)

@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-request parameters of a Wan video stage, validated at construction, and what the
+orchestrator fills in before a request runs (`resolve`)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from vllm_omni.diffusion.params import (
+    check_size_multiple,
+    is_finite,
+    is_int,
+    params_from_dict,
+    slo_deadline,
+    stage_params,
+)
+from vllm_omni.errors import FieldError
+
+FRAME_STEP = 4
+"""Wan's VAE compresses time 4x after the first frame: a video has 4k + 1 frames."""
+MAX_FRAMES = 1001
+DEFAULT_FPS = 16.0  # what Wan2.1 and the Wan2.2 A14B models were trained at
+
+
+@dataclass(frozen=True)
+class VideoSamplingParams:
+    """What a Wan stage needs to make one video.
+
+    `height`/`width`/`num_frames` of None take the pipeline's defaults (480 x 832, 81 frames).
+    `guidance_scale` > 1 runs classifier-free guidance against `negative_prompt` (empty if
+    None), as diffusers' Wan pipelines do; `guidance_scale_2` is the low-noise expert's scale of
+    a two-expert (Wan2.2) pipeline (None: `guidance_scale`). `fps` is the playback rate written
+    into the video (it does not change the frames). `seed` of None draws a fresh one.
+    `latency_slo_ms` becomes `deadline`, as for images (DiffusionSamplingParams)."""
+
+    height: int | None = None
+    width: int | None = None
+    num_frames: int | None = None
+    num_inference_steps: int = 50
+    guidance_scale: float = 5.0
+    guidance_scale_2: float | None = None
+    negative_prompt: str | None = None
+    seed: int | None = None
+    fps: float = DEFAULT_FPS
+    latency_slo_ms: float | None = None
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width", "num_frames"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value <= 0):
+                raise FieldError(name, f"must be a positive integer, got {value!r}")
+        if self.num_frames is not None and (
+            self.num_frames % FRAME_STEP != 1 or self.num_frames > MAX_FRAMES
+        ):
+            raise FieldError(
+                "num_frames",
+                f"must be 4k + 1 (1, 5, 9, ..., 81, ...) and at most {MAX_FRAMES}, "
+                f"got {self.num_frames}",
+            )
+        steps = self.num_inference_steps
+        if not is_int(steps) or not 1 <= steps <= 1000:
+            raise FieldError(
+                "num_inference_steps", f"must be an integer in [1, 1000], got {steps!r}"
+            )
+        for name in ("guidance_scale", "guidance_scale_2"):
+            value = getattr(self, name)
+            if (value is not None or name == "guidance_scale") and (
+                not is_finite(value) or value < 0
+            ):
+                raise FieldError(name, f"must be a number >= 0, got {value!r}")
+        if not is_finite(self.fps) or not 0 < self.fps <= 120:
+            raise FieldError("fps", f"must be a number in (0, 120], got {self.fps!r}")
+        if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
+            raise FieldError(
+                "negative_prompt", f"must be a string, got {type(self.negative_prompt)}"
+            )
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise FieldError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
+        for name in ("latency_slo_ms", "deadline"):
+            value = getattr(self, name)
+            if value is not None and (not is_finite(value) or value <= 0):
+                raise FieldError(name, f"must be None or a positive number, got {value!r}")
+
+    @property
+    def do_cfg(self) -> bool:
+        """As the pipelines decide: guidance runs when its scale is above 1."""
+        return self.guidance_scale > 1
+
+    @property
+    def total_steps(self) -> int:
+        return self.num_inference_steps
+
+    def step_key(self, inputs: Mapping[str, Any]) -> Hashable:
+        """Videos of one shape share a transformer call, whatever their step, prompt or guidance
+        (every row of a call has the same number of tokens)."""
+        return (self.num_frames, self.height, self.width)
+
+    def call_key(self, inputs: Mapping[str, Any]) -> Hashable:
+        return (self.num_frames, self.height, self.width, self.num_inference_steps)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> VideoSamplingParams:
+        return params_from_dict(cls, values, "video")
+
+
+def resolve(
+    params: Any, stage: str, default_shape: tuple[int, int, int], size_multiple: int
+) -> VideoSamplingParams:
+    """`params` with frames, size and seed filled in and the SLO turned into a deadline; raises
+    FieldError naming the field the stage cannot serve."""
+    params = stage_params(params, VideoSamplingParams, stage, "a video")
+    frames, height, width = default_shape
+    params = replace(
+        params,
+        num_frames=params.num_frames or frames,
+        height=params.height or height,
+        width=params.width or width,
+        seed=params.seed if params.seed is not None else random.randrange(2**63),
+        deadline=slo_deadline(params),
+    )
+    check_size_multiple(params, size_multiple)
+    return params
