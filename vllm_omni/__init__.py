@@ -19,7 +19,7 @@ _LAZY = {
     "AsyncOmniLLM": "vllm_omni.entrypoints.async_omni_llm",
     "DiffusionSamplingParams": "vllm_omni.diffusion.params",
     "Code2WavParams": "vllm_omni.models.qwen2_5_omni.params",
-    "VideoSamplingParams": "vllm_omni.models.wan.params",
+    "VideoSamplingParams": "vllm_omni.diffusion.video_params",
     "OmniRequestOutput": "vllm_omni.outputs",
     "StageGraph": "vllm_omni.config.stage_config",
     "StageConfig": "vllm_omni.config.stage_config",

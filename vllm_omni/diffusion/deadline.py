@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.video_params import VideoSamplingParams
 
 POLICIES = ("fcfs", "deadline")
 EMA = 0.3  # weight of the newest measurement of a shape's row-step cost
@@ -44,7 +45,8 @@ class DeadlineUnreachable(Exception):
 
 def rows_of(request: DiTRequest) -> int:
     """Transformer rows one step of `request` takes (two under classifier-free guidance)."""
-    guided = isinstance(request.params, DiffusionSamplingParams) and request.params.do_cfg
+    params = request.params
+    guided = isinstance(params, (DiffusionSamplingParams, VideoSamplingParams)) and params.do_cfg
     return 2 if guided else 1
 
 

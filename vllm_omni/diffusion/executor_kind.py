@@ -53,6 +53,21 @@ class ImageStageInfo(StageInfo):
     max_input_images: int = field(default=0, kw_only=True)
 
 
+@dataclass(frozen=True)
+class VideoStageInfo(StageInfo):
+    """A stage that makes videos: its default (frames, height, width), what height and width
+    must divide by, what frame counts must be (`frame_step` k + 1), whether it animates an input
+    image (image-to-video) and has two experts (high- and low-noise transformers), and its
+    pipeline class."""
+
+    default_shape: tuple[int, int, int]
+    size_multiple: int
+    frame_step: int
+    image_to_video: bool
+    two_experts: bool
+    pipeline_class: str
+
+
 class ProcessParams(Protocol):
     """What the stage loop reads of a request's parameters, whatever the executor."""
 

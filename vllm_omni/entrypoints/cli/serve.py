@@ -21,7 +21,14 @@ from vllm.entrypoints.cli.serve import ServeSubcommand
 
 from vllm_omni.cpp.cli import add_cpp_args, apply_cpp_args
 from vllm_omni.cpp.config import CONFIG_KEY as CPP_CONFIG_KEY
-from vllm_omni.entrypoints.openai.api_server import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_STEPS
+from vllm_omni.entrypoints.openai.api_server import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_REQUEST_STEPS,
+    DEFAULT_MAX_VIDEO_FRAMES,
+    DEFAULT_MAX_VIDEO_JOBS,
+    DEFAULT_MAX_VIDEO_STORAGE_MB,
+    DEFAULT_VIDEO_TTL_S,
+)
 from vllm_omni.logger import init_logger
 
 logger = init_logger(__name__)
@@ -105,6 +112,31 @@ class OmniServeCommand(ServeSubcommand):
             default=DEFAULT_MAX_REQUEST_STEPS,
             help="largest n x num_inference_steps of one image request (with "
             "--max-image-pixels, a bound on the work one request holds the DiT stage with)",
+        )
+        videos = parser.add_argument_group("omni video jobs (/v1/videos)")
+        videos.add_argument(
+            "--max-video-frames",
+            type=int,
+            default=DEFAULT_MAX_VIDEO_FRAMES,
+            help="most frames a video job may ask for",
+        )
+        videos.add_argument(
+            "--video-ttl",
+            type=float,
+            default=DEFAULT_VIDEO_TTL_S,
+            help="seconds a finished video job (and its MP4) is kept after it finishes",
+        )
+        videos.add_argument(
+            "--max-video-storage-mb",
+            type=int,
+            default=DEFAULT_MAX_VIDEO_STORAGE_MB,
+            help="disk the finished videos may take; the oldest expire first to make room",
+        )
+        videos.add_argument(
+            "--max-video-jobs",
+            type=int,
+            default=DEFAULT_MAX_VIDEO_JOBS,
+            help="video jobs queued or running at once; more are refused with HTTP 429",
         )
         return parser
 
@@ -222,6 +254,10 @@ def server_config(args: argparse.Namespace):
         api_keys=_api_keys(args),
         max_pixels=args.max_image_pixels,
         max_request_steps=args.max_request_steps,
+        max_video_frames=args.max_video_frames,
+        video_ttl_s=args.video_ttl,
+        max_video_storage_mb=args.max_video_storage_mb,
+        max_video_jobs=args.max_video_jobs,
         stage_configs=args.stage_configs,
         stage_overrides=overrides,
         revision=args.revision,

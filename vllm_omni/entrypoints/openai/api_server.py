@@ -5,7 +5,8 @@
 
 Routes: GET /v1/models, GET /health, GET /metrics, and the routes of what the graph makes -
 its model family's API adapter where it has one (vllm_omni.models.registry), else the server's
-own for its outputs (images: POST /v1/images/generations and /v1/chat/completions, images.py).
+own for its outputs (images: POST /v1/images/generations and /v1/chat/completions, images.py;
+video: the /v1/videos job API, videos.py).
 `--api-key` guards every route. Bad input gets HTTP 400 with an OpenAI-style error body naming
 the field; a client that disconnects cancels its request in every stage.
 """
@@ -28,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
-from vllm_omni.entrypoints.openai import images
+from vllm_omni.entrypoints.openai import images, videos
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
 from vllm_omni.entrypoints.openai.protocol import error_body
 from vllm_omni.entrypoints.openai.server_utils import OmniServer, bad_request
@@ -41,6 +42,10 @@ DEFAULT_MAX_PIXELS = 2048 * 2048
 DEFAULT_MAX_REQUEST_STEPS = 200
 """n x num_inference_steps of one image request: four images of 50 steps. With the pixel limit
 it bounds the work one request can hold the DiT stage with."""
+DEFAULT_MAX_VIDEO_FRAMES = 161  # 10 s at Wan's 16 fps
+DEFAULT_VIDEO_TTL_S = 3600.0
+DEFAULT_MAX_VIDEO_STORAGE_MB = 2048
+DEFAULT_MAX_VIDEO_JOBS = 16
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,13 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_request_steps: int = DEFAULT_MAX_REQUEST_STEPS
+    max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES
+    video_ttl_s: float = DEFAULT_VIDEO_TTL_S
+    """Finished video jobs are forgotten (their MP4 deleted) this long after they finish."""
+    max_video_storage_mb: int = DEFAULT_MAX_VIDEO_STORAGE_MB
+    """Disk the finished videos may take; the oldest expire first to make room."""
+    max_video_jobs: int = DEFAULT_MAX_VIDEO_JOBS
+    """Video jobs queued or running at once; more are refused (429)."""
     graph: StageGraph | None = None
     """The resolved stage graph (`vllm serve` resolves it once); None: resolved from the fields
     below when the app is built."""
@@ -118,6 +130,8 @@ async def _lifespan(app: FastAPI, server: OmniServer):
     try:
         yield
     finally:
+        for hook in server.shutdown_hooks:
+            await hook()
         server.omni.shutdown()
 
 
@@ -191,6 +205,8 @@ def _add_routes(app: FastAPI, server: OmniServer) -> None:
         family.api(app, server)
     elif "image" in server.graph.output_modalities:
         images.add_routes(app, server)
+    elif "video" in server.graph.output_modalities:
+        videos.add_routes(app, server)
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

@@ -6,19 +6,17 @@ image stage edits input images; other graphs answer 400 naming `image`."""
 
 from __future__ import annotations
 
-import io
 import time
 from typing import Any
 
 from fastapi import FastAPI, Request
-from PIL import Image, UnidentifiedImageError
-from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 
 from vllm_omni.entrypoints.openai.image_runs import finished, images_response, run_images
 from vllm_omni.entrypoints.openai.protocol import ImageEditRequest
 from vllm_omni.entrypoints.openai.server_utils import OmniServer, client_error
+from vllm_omni.entrypoints.openai.uploads import decode_image, form_body
 from vllm_omni.errors import FieldError
 
 IMAGE_FIELDS = ("image", "image[]")
@@ -71,40 +69,14 @@ async def _read_form(request: Request, max_pixels: int) -> tuple[ImageEditReques
             raise FieldError(key, "given twice")
         else:
             fields[key] = value
-    try:
-        body = ImageEditRequest.from_form(fields)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(part) for part in first.get("loc", ())) or "body"
-        raise FieldError(param, first.get("msg", "invalid").removeprefix("Value error, ")) from None
+    body = form_body(ImageEditRequest, fields)
     if not uploads:
         raise FieldError("image", "required: one or more image files")
     if len(uploads) > MAX_IMAGES:
         raise FieldError("image", f"at most {MAX_IMAGES} images, got {len(uploads)}")
-    return body, [await _decode(upload, max_pixels) for upload in uploads]
-
-
-async def _decode(upload: Any, max_pixels: int) -> Image.Image:
-    if not isinstance(upload, UploadFile):
-        raise FieldError("image", "must be a file, not a text field")
-    data = await upload.read(MAX_IMAGE_BYTES + 1)
-    if len(data) > MAX_IMAGE_BYTES:
-        raise FieldError("image", f"{upload.filename!r} is over {MAX_IMAGE_BYTES} bytes")
-    try:
-        image = Image.open(io.BytesIO(data))
-        pixels = image.width * image.height
-        if pixels > max_pixels:
-            raise FieldError(
-                "image",
-                f"{upload.filename!r} is {image.width}x{image.height}, over {max_pixels} pixels "
-                "(--max-image-pixels)",
-            )
-        image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
-        raise FieldError(
-            "image", f"{upload.filename!r} is not an image PIL can read: {e}"
-        ) from None
-    return image.convert("RGB")
+    return body, [
+        await decode_image(upload, "image", max_pixels, MAX_IMAGE_BYTES) for upload in uploads
+    ]
 
 
 def _request_body() -> dict[str, Any]:

@@ -176,10 +176,6 @@ class ImageEditRequest(ImageGenerationRequest):
     background: str | None = None  # accepted for compatibility; not used
     input_fidelity: str | None = None
 
-    @classmethod
-    def from_form(cls, fields: dict[str, str]) -> ImageEditRequest:
-        return cls.model_validate(fields, strict=False)
-
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -35,6 +35,8 @@ class OmniServer:
     schema_extras: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """What the routes add to the published OpenAPI schema (limits JSON schema cannot state),
     applied in place once the stages are up."""
+    shutdown_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """What the routes end when the server stops, before the stages stop (e.g. video jobs)."""
 
     @property
     def model_name(self) -> str:

@@ -7,6 +7,13 @@ from vllm_omni.models.registry import ModelFamily
 from vllm_omni.models.wan.graph import stage_graph
 from vllm_omni.models.wan.kinds import WanVideo
 
+
+def _pinned() -> list:
+    from vllm_omni.models.wan import prompt, vae_norm
+
+    return prompt.pinned() + vae_norm.pinned()
+
+
 FAMILY = ModelFamily(
     name="wan",
     graph=stage_graph,
@@ -19,4 +26,5 @@ FAMILY = ModelFamily(
         "Wan-AI/Wan2.2-I2V-A14B-Diffusers",
     ),
     executors=(WanVideo(),),
+    pinned=_pinned,
 )

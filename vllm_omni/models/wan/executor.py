@@ -9,6 +9,7 @@ import time
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
+from vllm_omni.diffusion.executor_kind import VideoStageInfo
 from vllm_omni.diffusion.params import INPUT_IMAGES
 from vllm_omni.diffusion.pipeline_loader import load_pipeline
 from vllm_omni.diffusion.request import DiTRequest
@@ -16,8 +17,8 @@ from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.diffusion.step_loop import execute_steps, execute_whole
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
-from vllm_omni.models.wan.info import VideoStageInfo
 from vllm_omni.models.wan.runner import WanRunner
+from vllm_omni.models.wan.vae_norm import use_fast_norms
 
 logger = init_logger(__name__)
 
@@ -30,12 +31,14 @@ class WanExecutor:
         self.device = resolve_device(config.device)
         start = time.perf_counter()
         self.pipe = load_pipeline(config, self.device) if pipe is None else pipe.to(self.device)
+        use_fast_norms(self.pipe.vae)
         name = type(self.pipe).__name__
         transformer = self.pipe.transformer or self.pipe.transformer_2
         multiple = self.pipe.vae_scale_factor_spatial * transformer.config.patch_size[1]
         self._info = VideoStageInfo(
             DEFAULT_SHAPE,
             multiple,
+            frame_step=self.pipe.vae_scale_factor_temporal,
             image_to_video=name == IMAGE_TO_VIDEO,
             two_experts=self.pipe.config.get("boundary_ratio") is not None,
             pipeline_class=name,

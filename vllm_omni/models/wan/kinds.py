@@ -9,11 +9,10 @@ from typing import Any
 
 from PIL import Image
 
-from vllm_omni.diffusion.executor_kind import ExecutorKind, StageInfo
+from vllm_omni.diffusion.executor_kind import ExecutorKind, StageInfo, VideoStageInfo
 from vllm_omni.diffusion.params import INPUT_IMAGES
+from vllm_omni.diffusion.video_params import VideoSamplingParams, resolve
 from vllm_omni.errors import FieldError
-from vllm_omni.models.wan.info import VideoStageInfo
-from vllm_omni.models.wan.params import VideoSamplingParams, resolve
 
 
 class WanVideo(ExecutorKind):

@@ -3,7 +3,7 @@
 
 Per request it does what `WanPipeline.__call__` (text-to-video) or
 `WanImageToVideoPipeline.__call__` (image-to-video) does for one prompt and seed - the prompt
-padded to 512 tokens by the pipeline's own `encode_prompt`, the noise of its `prepare_latents`,
+padded to 512 tokens as the pipeline pads it (prompt.py), the noise of its `prepare_latents`,
 its sampler, its classifier-free guidance (`guidance_scale > 1`, the negative prompt's row), a
 two-expert pipeline's switch at `boundary_ratio` - so the frames match diffusers' (tests/models/
 wan). Requests of one shape share each transformer call, one row per prompt and guidance; rows
@@ -25,8 +25,8 @@ from vllm_omni.diffusion.params import INPUT_IMAGES
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.step_loop import advance
 from vllm_omni.errors import FieldError
+from vllm_omni.models.wan.prompt import encode_prompts
 
-MAX_SEQUENCE_LENGTH = 512  # the pipelines' default: prompts are zero-padded to it
 PROMPT = "prompt_embeds"
 NEGATIVE = "negative_prompt_embeds"
 IMAGE_EMBEDS = "image_embeds"
@@ -63,13 +63,7 @@ class WanRunner:
                 raise FieldError("prompt", "a Wan stage takes a text prompt")
         guided = [r for r in requests if r.params.do_cfg]
         texts += [r.params.negative_prompt or "" for r in guided]  # the pipelines' default: ""
-        embeds, _ = self.pipe.encode_prompt(
-            texts,
-            do_classifier_free_guidance=False,
-            max_sequence_length=MAX_SEQUENCE_LENGTH,
-            device=self.device,
-        )
-        embeds = embeds.to(self.dtype)
+        embeds = encode_prompts(self.pipe, texts, self.device).to(self.dtype)
         negatives = dict(zip([r.request_id for r in guided], embeds[len(requests) :]))
         for request, prompt in zip(requests, embeds):
             tensors = {PROMPT: prompt[None]}

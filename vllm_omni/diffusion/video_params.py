@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-request parameters of a Wan video stage, validated at construction, and what the
+"""Per-request parameters of a video stage (Wan's), validated at construction, and what the
 orchestrator fills in before a request runs (`resolve`)."""
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from vllm_omni.diffusion.params import (
 from vllm_omni.errors import FieldError
 
 FRAME_STEP = 4
-"""Wan's VAE compresses time 4x after the first frame: a video has 4k + 1 frames."""
+"""Video VAEs (Wan's) compress time 4x after the first frame: a video has 4k + 1 frames."""
 MAX_FRAMES = 1001
 DEFAULT_FPS = 16.0  # what Wan2.1 and the Wan2.2 A14B models were trained at
 
 
 @dataclass(frozen=True)
 class VideoSamplingParams:
-    """What a Wan stage needs to make one video.
+    """What a video stage needs to make one video.
 
-    `height`/`width`/`num_frames` of None take the pipeline's defaults (480 x 832, 81 frames).
+    `height`/`width`/`num_frames` of None take the pipeline's defaults (Wan: 480 x 832, 81
+    frames).
     `guidance_scale` > 1 runs classifier-free guidance against `negative_prompt` (empty if
     None), as diffusers' Wan pipelines do; `guidance_scale_2` is the low-noise expert's scale of
     a two-expert (Wan2.2) pipeline (None: `guidance_scale`). `fps` is the playback rate written
