@@ -17,15 +17,19 @@ never taken between a fresh and a stale prediction.
 
 The state (last first-block residual, last tail residual, counters) lives in the request's
 DiTCacheManager entry: finishing or aborting the request frees it with everything else. This
-module holds the policy and the per-request state; a family's cached forward (its transformer's
-blocks, e.g. vllm_omni.models.qwen_image.cached_forward) uses them.
+module holds the policy, the per-request state and the decision (`FirstBlockCache`); a family's
+cached forward (its transformer's own blocks: vllm_omni.models.qwen_image.cached_forward,
+vllm_omni.models.wan.cached_forward) runs around them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheEntry
 
@@ -130,3 +134,75 @@ class RowGroup:
     def _forced(self, step: int) -> bool:
         p = self.policy
         return step < p.warmup_steps or step >= self.num_steps - p.final_steps
+
+
+class FirstBlockCache:
+    """The per-request decision around a family's blocks, and its counters.
+
+    A family's cached forward runs its first block on every row and hands the rest of its
+    blocks to `run` as `tail(index)`: the remaining blocks on the rows `index` of the first
+    block's output (None: every row). Rows whose request is served from the cache take the
+    first block's output plus the tail residual of that request's last computed step."""
+
+    def __init__(self) -> None:
+        self.num_computed_rows = 0  # row-steps through every block
+        self.num_cached_rows = 0  # row-steps served from the cache
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        first_out: torch.Tensor,
+        groups: list[RowGroup],
+        tail: Callable[[torch.Tensor | None], torch.Tensor],
+    ) -> torch.Tensor:
+        """The last block's output for every row (`hidden`: the first block's input)."""
+        first = first_out - hidden
+        compute = self._decide(first, groups)
+        rows = [r for g, c in zip(groups, compute) if c for r in range(g.start, g.stop)]
+        if len(rows) == first_out.shape[0]:  # nothing cached: the plain forward
+            out = tail(None)
+        else:
+            out = first_out.clone()
+            if rows:
+                index = torch.tensor(rows, device=first_out.device)
+                out.index_copy_(0, index, tail(index))
+        for group, computes in zip(groups, compute):
+            rows_of = slice(group.start, group.stop)
+            state = group.entry.state
+            if computes:
+                self.num_computed_rows += group.stop - group.start
+                state[CONSECUTIVE] = 0
+                if group.keeps_state():
+                    group.entry.tensors[FIRST_RESIDUAL] = first[rows_of].clone()
+                    group.entry.tensors[TAIL_RESIDUAL] = out[rows_of] - first_out[rows_of]
+            else:
+                self.num_cached_rows += group.stop - group.start
+                out[rows_of] = first_out[rows_of] + group.entry.tensors[TAIL_RESIDUAL]
+                state[CONSECUTIVE] = state.get(CONSECUTIVE, 0) + 1
+                state[CACHED_STEPS] = state.get(CACHED_STEPS, 0) + 1
+        return out
+
+    def _decide(self, first: torch.Tensor, groups: list[RowGroup]) -> list[bool]:
+        """Per group: whether it runs the remaining blocks. One host sync for all distances."""
+        compute = [g.must_compute() for g in groups]
+        candidates = [i for i, c in enumerate(compute) if not c]
+        if not candidates:
+            return compute
+        distances = []
+        for i in candidates:
+            g = groups[i]
+            previous = g.entry.tensors[FIRST_RESIDUAL]
+            current = first[g.start : g.stop]
+            # per row, then the larger of a request's rows (guidance rows decide together)
+            change = (current - previous).abs().flatten(1).mean(1)
+            scale = previous.abs().flatten(1).mean(1).clamp_min(1e-12)
+            distances.append((change / scale).max())
+        for i, distance in zip(candidates, torch.stack(distances).tolist()):
+            compute[i] = distance >= groups[i].policy.threshold
+        return compute
+
+
+def forget(entry: DiTCacheEntry) -> None:
+    """Drop a request's cached residuals: its next step is computed (e.g. another expert's)."""
+    entry.tensors.pop(FIRST_RESIDUAL, None)
+    entry.tensors.pop(TAIL_RESIDUAL, None)

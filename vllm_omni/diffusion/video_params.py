@@ -35,6 +35,8 @@ class VideoSamplingParams:
     None), as diffusers' Wan pipelines do; `guidance_scale_2` is the low-noise expert's scale of
     a two-expert (Wan2.2) pipeline (None: `guidance_scale`). `fps` is the playback rate written
     into the video (it does not change the frames). `seed` of None draws a fresh one.
+    `cache_threshold`: this request's first-block residual caching threshold, as for images
+    (None: the stage's `residual_cache`; 0: off); step scheduling only.
     `latency_slo_ms` becomes `deadline`, as for images (DiffusionSamplingParams)."""
 
     height: int | None = None
@@ -46,6 +48,7 @@ class VideoSamplingParams:
     negative_prompt: str | None = None
     seed: int | None = None
     fps: float = DEFAULT_FPS
+    cache_threshold: float | None = None
     latency_slo_ms: float | None = None
     deadline: float | None = None
 
@@ -75,6 +78,9 @@ class VideoSamplingParams:
                 raise FieldError(name, f"must be a number >= 0, got {value!r}")
         if not is_finite(self.fps) or not 0 < self.fps <= 120:
             raise FieldError("fps", f"must be a number in (0, 120], got {self.fps!r}")
+        t = self.cache_threshold
+        if t is not None and (not is_finite(t) or not 0 <= t <= 1):
+            raise FieldError("cache_threshold", f"must be None or a number in [0, 1], got {t!r}")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
             raise FieldError(
                 "negative_prompt", f"must be a string, got {type(self.negative_prompt)}"

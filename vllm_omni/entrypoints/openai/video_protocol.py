@@ -2,8 +2,9 @@
 """The body of POST /v1/videos, as the omni server accepts it: OpenAI's multipart form
 (`prompt`, `model`, `size`, `seconds`, and `input_reference`: the first frame, a file) plus the
 project's extras (`num_frames`, `fps`, `seed`, `num_inference_steps`, `negative_prompt`,
-`guidance_scale`, `guidance_scale_2`, `latency_slo_ms`). Form fields arrive as text and are read
-as a form's (`"2"` is 2). The server states its limits in the published schema (videos.py)."""
+`guidance_scale`, `guidance_scale_2`, `cache_threshold`, `latency_slo_ms`). Form fields arrive
+as text and are read as a form's (`"2"` is 2). The server states its limits in the published
+schema (videos.py)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,14 @@ class VideoCreateRequest(StrictBody):
         allow_inf_nan=False,
         description="The low-noise expert's guidance scale (two-expert models: Wan2.2)",
     )
+    cache_threshold: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="First-block residual caching threshold for this job (0: off; default: "
+        "the server's --dit-cache)",
+    )
     latency_slo_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     user: str | None = None
 
@@ -107,6 +116,7 @@ class VideoCreateRequest(StrictBody):
             "negative_prompt": self.negative_prompt,
             "guidance_scale": self.guidance_scale,
             "guidance_scale_2": self.guidance_scale_2,
+            "cache_threshold": self.cache_threshold,
             "latency_slo_ms": self.latency_slo_ms,
         }
         return VideoSamplingParams(**{k: v for k, v in values.items() if v is not None})

@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_omni.diffusion.residual_cache import (
-    CACHED_STEPS,
-    CONSECUTIVE,
-    FIRST_RESIDUAL,
-    TAIL_RESIDUAL,
-    RowGroup,
-)
+from vllm_omni.diffusion.residual_cache import FirstBlockCache, RowGroup
 
 
 def supports(transformer) -> bool:
@@ -43,8 +37,15 @@ class FirstBlockCachedForward:
                 "transformers without zero_cond_t / additional_t_cond / guidance embeddings are)"
             )
         self.transformer = transformer
-        self.num_computed_rows = 0  # row-steps through every block
-        self.num_cached_rows = 0  # row-steps served from the cache
+        self.cache = FirstBlockCache()
+
+    @property
+    def num_computed_rows(self) -> int:
+        return self.cache.num_computed_rows
+
+    @property
+    def num_cached_rows(self) -> int:
+        return self.cache.num_cached_rows
 
     def __call__(
         self,
@@ -81,57 +82,16 @@ class FirstBlockCachedForward:
             return h, txt
 
         first_out, text = run(blocks[0], hidden, text, text_mask, temb)
-        first = first_out - hidden
-        compute = self._decide(first, groups)
-        rows = [r for g, c in zip(groups, compute) if c for r in range(g.start, g.stop)]
-        if len(rows) == first_out.shape[0]:  # nothing cached: the plain forward
-            h = first_out
-            for block in blocks[1:]:
-                h, text = run(block, h, text, text_mask, temb)
-            out = h
-        else:
-            out = first_out.clone()
-            if rows:
-                index = torch.tensor(rows, device=hidden.device)
-                sub_first = first_out.index_select(0, index)
-                h, txt = sub_first, text.index_select(0, index)
+
+        def tail(index: torch.Tensor | None) -> torch.Tensor:
+            h, txt, mask, emb = first_out, text, text_mask, temb
+            if index is not None:
+                h, txt, emb = (x.index_select(0, index) for x in (first_out, text, temb))
                 mask = None if text_mask is None else text_mask.index_select(0, index)
-                emb = temb.index_select(0, index)
-                for block in blocks[1:]:
-                    h, txt = run(block, h, txt, mask, emb)
-                out.index_copy_(0, index, h)
-        for group, computes in zip(groups, compute):
-            rows_of = slice(group.start, group.stop)
-            if computes:
-                self.num_computed_rows += group.stop - group.start
-                group.entry.state[CONSECUTIVE] = 0
-                if group.keeps_state():
-                    tail = out[rows_of] - first_out[rows_of]
-                    group.entry.tensors[FIRST_RESIDUAL] = first[rows_of].clone()
-                    group.entry.tensors[TAIL_RESIDUAL] = tail
-            else:
-                self.num_cached_rows += group.stop - group.start
-                out[rows_of] = first_out[rows_of] + group.entry.tensors[TAIL_RESIDUAL]
-                group.entry.state[CONSECUTIVE] = group.entry.state.get(CONSECUTIVE, 0) + 1
-                group.entry.state[CACHED_STEPS] = group.entry.state.get(CACHED_STEPS, 0) + 1
+            for block in blocks[1:]:
+                h, txt = run(block, h, txt, mask, emb)
+            return h
+
+        out = self.cache.run(hidden, first_out, groups, tail)
         out = t.norm_out(out, temb)
         return t.proj_out(out)
-
-    def _decide(self, first: torch.Tensor, groups: list[RowGroup]) -> list[bool]:
-        """Per group: whether it runs the remaining blocks. One host sync for all distances."""
-        compute = [g.must_compute() for g in groups]
-        candidates = [i for i, c in enumerate(compute) if not c]
-        if not candidates:
-            return compute
-        distances = []
-        for i in candidates:
-            g = groups[i]
-            previous = g.entry.tensors[FIRST_RESIDUAL]
-            current = first[g.start : g.stop]
-            # per row, then the larger of a request's rows (guidance rows decide together)
-            change = (current - previous).abs().flatten(1).mean(1)
-            scale = previous.abs().flatten(1).mean(1).clamp_min(1e-12)
-            distances.append((change / scale).max())
-        for i, distance in zip(candidates, torch.stack(distances).tolist()):
-            compute[i] = distance >= groups[i].policy.threshold
-        return compute

@@ -9,9 +9,9 @@ from vllm_omni.models.wan.kinds import WanVideo
 
 
 def _pinned() -> list:
-    from vllm_omni.models.wan import prompt, vae_norm
+    from vllm_omni.models.wan import cached_forward, prompt, vae_norm
 
-    return prompt.pinned() + vae_norm.pinned()
+    return cached_forward.pinned() + prompt.pinned() + vae_norm.pinned()
 
 
 FAMILY = ModelFamily(

@@ -43,7 +43,9 @@ class WanExecutor:
             two_experts=self.pipe.config.get("boundary_ratio") is not None,
             pipeline_class=name,
         )
-        self.runner = WanRunner(self.pipe, cache, self.device, self._info.image_to_video)
+        self.runner = WanRunner(
+            self.pipe, cache, self.device, self._info.image_to_video, config.residual_cache
+        )
         self.cache = cache
         logger.info(
             "video stage: loaded %s (%s) on %s in %.1f s",
@@ -81,7 +83,11 @@ class WanExecutor:
         return latents + 3 * p.num_frames * p.height * p.width  # and the frames it returns
 
     def stats(self) -> dict[str, int]:
-        return {}
+        forwards = self.runner.cached_forwards
+        return {
+            "residual_computed_rows": sum(f.cache.num_computed_rows for f in forwards),
+            "residual_cached_rows": sum(f.cache.num_cached_rows for f in forwards),
+        }
 
     def execute_model(
         self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]

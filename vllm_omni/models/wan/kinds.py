@@ -18,6 +18,7 @@ from vllm_omni.errors import FieldError
 class WanVideo(ExecutorKind):
     name = "wan"
     params_type = VideoSamplingParams
+    residual_cache = True
     request_options = ("negative_prompt", INPUT_IMAGES)
 
     def build(self, config, cache, pipe: Any = None):
@@ -49,6 +50,12 @@ class WanVideo(ExecutorKind):
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
         assert isinstance(info, VideoStageInfo), info
         params = resolve(params, stage, info.default_shape, info.size_multiple)
+        if params.cache_threshold and scheduler != "step":
+            raise FieldError(
+                "cache_threshold",
+                f"residual caching needs step-level scheduling; stage {stage!r} runs whole "
+                f"requests ({scheduler!r})",
+            )
         if params.guidance_scale_2 is not None and not info.two_experts:
             raise FieldError(
                 "guidance_scale_2",

@@ -8,8 +8,10 @@ its sampler, its classifier-free guidance (`guidance_scale > 1`, the negative pr
 two-expert pipeline's switch at `boundary_ratio` - so the frames match diffusers' (tests/models/
 wan). Requests of one shape share each transformer call, one row per prompt and guidance; rows
 whose step falls to the other expert go into that expert's call. New requests' prompts are
-encoded together, in one UMT5 call. Each request's state (latents, embeddings, condition, its
-own sampler: UniPC keeps a history of past predictions) lives in the DiTCacheManager.
+encoded together, in one UMT5 call. A request may skip its later blocks on steps whose first-
+block residual barely changed (`cache_threshold`, the stage's `residual_cache`; per request,
+never across an expert switch). Each request's state (latents, embeddings, condition, its own
+sampler: UniPC keeps a history of past predictions) lives in the DiTCacheManager.
 """
 
 from __future__ import annotations
@@ -23,21 +25,31 @@ from PIL import Image
 from vllm_omni.diffusion.cache_manager import DiTCacheEntry, DiTCacheManager
 from vllm_omni.diffusion.params import INPUT_IMAGES
 from vllm_omni.diffusion.request import DiTRequest
+from vllm_omni.diffusion.residual_cache import POLICY, ResidualCacheConfig, RowGroup, forget
 from vllm_omni.diffusion.step_loop import advance
 from vllm_omni.errors import FieldError
+from vllm_omni.models.wan.cached_forward import WanCachedForward
 from vllm_omni.models.wan.prompt import encode_prompts
 
 PROMPT = "prompt_embeds"
 NEGATIVE = "negative_prompt_embeds"
 IMAGE_EMBEDS = "image_embeds"
 CONDITION = "condition"
+EXPERT = "expert"  # the transformer that ran the request's last step
 
 
 class WanRunner:
     """`image_to_video`: the pipeline is `WanImageToVideoPipeline` (each request gives the first
     frame as its input image)."""
 
-    def __init__(self, pipe, cache: DiTCacheManager, device: torch.device, image_to_video: bool):
+    def __init__(
+        self,
+        pipe,
+        cache: DiTCacheManager,
+        device: torch.device,
+        image_to_video: bool,
+        residual_cache: ResidualCacheConfig | None = None,
+    ):
         if pipe.config.get("expand_timesteps", False):
             raise NotImplementedError(
                 "Wan pipelines with expand_timesteps (Wan2.2 TI2V-5B) are not supported yet"
@@ -47,6 +59,8 @@ class WanRunner:
         self.device = device
         self.image_to_video = image_to_video
         self.experts = [m for m in (pipe.transformer, pipe.transformer_2) if m is not None]
+        self.cached_forwards = [WanCachedForward(m) for m in self.experts]
+        self.residual_cache = residual_cache
         self.dtype = self.experts[0].dtype
         ratio = pipe.config.get("boundary_ratio")
         num_train = pipe.scheduler.config.num_train_timesteps
@@ -85,7 +99,14 @@ class WanRunner:
         sampler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
         sampler.set_timesteps(p.num_inference_steps, device=self.device)
         sampler.set_begin_index(0)
-        self.cache.allocate(request.request_id, tensors, sampler=sampler, step=0)
+        policy = {POLICY: self.policy(p)}
+        self.cache.allocate(request.request_id, tensors, sampler=sampler, step=0, **policy)
+
+    def policy(self, params) -> ResidualCacheConfig | None:
+        """The request's caching policy: the stage's, with the request's own threshold."""
+        if params.cache_threshold is None:
+            return self.residual_cache
+        return (self.residual_cache or ResidualCacheConfig()).with_threshold(params.cache_threshold)
 
     def _condition(self, image: Image.Image, p, generator) -> dict[str, torch.Tensor]:
         """Image-to-video: the noise, and the first frame as the pipeline conditions on it (the
@@ -126,26 +147,38 @@ class WanRunner:
             self._step(self.experts[index], index, batch)
 
     def _step(self, model, expert: int, batch: list[tuple[DiTRequest, DiTCacheEntry]]) -> None:
-        rows_latents, rows_t, rows_text, rows_image = [], [], [], []
+        rows_latents, rows_t, rows_text, rows_image, groups = [], [], [], [], []
         for request, entry in batch:
+            if entry.state.get(EXPERT, expert) != expert:
+                forget(entry)  # the other expert's residuals are no guide to this one's
+            entry.state[EXPERT] = expert
             t = entry.state["sampler"].timesteps[entry.state["step"]]
             latents = entry.tensors["latents"]
             if CONDITION in entry.tensors:
                 latents = torch.cat([latents, entry.tensors[CONDITION]], dim=1)
             names = [PROMPT] + ([NEGATIVE] if request.params.do_cfg else [])
+            start = len(rows_latents)
             for name in names:  # guidance: the negative prompt's row right after the prompt's
                 rows_latents.append(latents)
                 rows_t.append(t)
                 rows_text.append(entry.tensors[name])
                 if IMAGE_EMBEDS in entry.tensors:
                     rows_image.append(entry.tensors[IMAGE_EMBEDS])
-        noise = model(
-            hidden_states=torch.cat(rows_latents).to(self.dtype),
-            timestep=torch.stack(rows_t),
-            encoder_hidden_states=torch.cat(rows_text),
-            encoder_hidden_states_image=torch.cat(rows_image) if rows_image else None,
-            return_dict=False,
-        )[0]
+            step = entry.state["step"]
+            groups.append(RowGroup(start, len(rows_latents), entry, step, request.num_steps))
+        latents = torch.cat(rows_latents).to(self.dtype)
+        timestep, text = torch.stack(rows_t), torch.cat(rows_text)
+        image = torch.cat(rows_image) if rows_image else None
+        if any(g.policy is not None for g in groups):
+            noise = self.cached_forwards[expert](latents, timestep, text, image, groups)
+        else:
+            noise = model(
+                hidden_states=latents,
+                timestep=timestep,
+                encoder_hidden_states=text,
+                encoder_hidden_states_image=image,
+                return_dict=False,
+            )[0]
         row = 0
         for request, entry in batch:
             pred = noise[row : row + 1]
