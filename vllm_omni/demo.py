@@ -14,10 +14,13 @@ Builds the tiny models (once), then
 3. edits the first image with OmniLLM("Qwen/Qwen-Image-Edit") - Qwen2.5-VL reading the prompt and
    the image on vLLM, the DiT conditioned on the image's latents - and checks the edit against
    diffusers' own pipeline (its encoder given the model's image positions);
-4. has OmniLLM("Qwen/Qwen2.5-Omni-7B") (the tiny one, the same way) answer in text and speech
+4. makes a video with OmniLLM("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") - the UMT5 text encoder, the
+   DiT and the VAE in one process stage - saves it as MP4 and checks the frames against
+   diffusers' own pipeline;
+5. has OmniLLM("Qwen/Qwen2.5-Omni-7B") (the tiny one, the same way) answer in text and speech
    (thinker and talker on vLLM engines, code2wav in the DiT process), saves the speech as WAV
    and checks the text tokens against transformers' thinker.
-The models have random weights, so replies are gibberish and images are noise-like patterns;
+The models have random weights, so replies are gibberish and images and video noise-like patterns;
 equality with the references is what matters.
 """
 
@@ -85,6 +88,7 @@ def engine_logs_to(path: Path) -> Iterator[None]:
 
 IMAGE_MODEL = "Qwen/Qwen-Image"
 EDIT_MODEL = "Qwen/Qwen-Image-Edit"
+VIDEO_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 SPEECH_MODEL = "Qwen/Qwen2.5-Omni-7B"
 
 PROMPTS = [
@@ -233,6 +237,45 @@ def run_edit(model: str, hub_cache: Path, out_dir: Path) -> bool:
     return same
 
 
+VIDEO_PROMPT = "a red bird over the sea"
+
+
+def run_video(model: str, hub_cache: Path, out_dir: Path) -> bool:
+    import numpy as np
+    import torch
+    from diffusers import WanPipeline
+
+    from vllm_omni import OmniLLM, VideoSamplingParams
+    from vllm_omni.video_file import encode_mp4
+
+    params = VideoSamplingParams(height=96, width=96, num_frames=33, num_inference_steps=20, seed=0)
+    with OmniLLM(model, download_dir=hub_cache) as omni:
+        start = time.perf_counter()
+        out = omni.generate(VIDEO_PROMPT, params)[0]
+        elapsed = time.perf_counter() - start
+    path = out_dir / "video.mp4"
+    path.write_bytes(encode_mp4(out.video, out.fps))
+    frames, height, width, _ = out.video.shape
+    say(f"\n[demo] OmniLLM: {VIDEO_PROMPT!r} -> {path} ({frames} frames, {width}x{height}, "
+        f"{out.fps:g} fps, H.264) in {elapsed:.2f} s")  # fmt: skip
+    pipe = WanPipeline.from_pretrained(model, cache_dir=hub_cache)
+    pipe.set_progress_bar_config(disable=True)
+    reference = pipe(
+        prompt=VIDEO_PROMPT,
+        height=96,
+        width=96,
+        num_frames=33,
+        num_inference_steps=20,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).frames[0]
+    reference = (reference * 255).round().astype(np.uint8)
+    diff = np.abs(reference.astype(int) - out.video.astype(int)).max()
+    same = diff <= 2
+    say(f"[demo] OmniLLM video equals diffusers' frames (max difference {diff}/255): {same}")
+    return same
+
+
 SPEECH_PROMPT = "<|im_start|>user\nSay something about the sea.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -321,15 +364,16 @@ def run(args: argparse.Namespace) -> None:
     models = build_tiny_models(args.models_dir or default_models_dir(), names=["llama-8l"])
     model = str(models["llama-8l"])
     say(f"[demo] tiny model: {model}")
-    build_hub_cache(args.hub_cache, [IMAGE_MODEL, EDIT_MODEL, SPEECH_MODEL])
-    names = f"{IMAGE_MODEL}, {EDIT_MODEL} and {SPEECH_MODEL}"
+    build_hub_cache(args.hub_cache, [IMAGE_MODEL, EDIT_MODEL, VIDEO_MODEL, SPEECH_MODEL])
+    names = f"{IMAGE_MODEL}, {EDIT_MODEL}, {VIDEO_MODEL} and {SPEECH_MODEL}"
     say(f"[demo] tiny {names} in the hub cache {args.hub_cache}")
 
     same = run_pipeline_parallel(model, args.max_tokens)
     images_same = run_images(IMAGE_MODEL, args.hub_cache, args.out)
     edit_same = run_edit(EDIT_MODEL, args.hub_cache, args.out)
+    video_same = run_video(VIDEO_MODEL, args.hub_cache, args.out)
     speech_same = run_speech(SPEECH_MODEL, args.hub_cache, args.out, args.max_tokens)
-    if not (same and images_same and edit_same and speech_same):
+    if not (same and images_same and edit_same and video_same and speech_same):
         raise SystemExit(1)
 
 

@@ -106,6 +106,20 @@ def test_openai_client_video_job_completes(server, tiny_models):
     assert client.videos.retrieve(video.id).status == "completed"
 
 
+def test_openai_client_create_and_poll_list_delete(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    video = client.videos.create_and_poll(
+        prompt="a cat",
+        size="32x32",  # type: ignore[arg-type]
+        extra_body={"num_frames": 5, "num_inference_steps": 2},
+    )
+    assert video.status == "completed" and video.progress == 100
+    assert video.id in [v.id for v in client.videos.list(limit=100)]
+    assert client.videos.delete(video.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
+
+
 def test_progress_and_listing(server):
     first = create(server).json()
     long = create(server, num_inference_steps="200").json()
@@ -128,6 +142,8 @@ def test_delete_cancels_a_running_job_and_frees_its_dit_state(server):
     job = create(server, num_inference_steps="1000").json()
     wait(server, job["id"], until=lambda j: j["progress"] > 0)
     assert dit_state(server)["dit_cache_entries"] >= 1
+    running = requests.get(f"{server.url}/v1/videos/{job['id']}", timeout=10)
+    assert running.headers["openai-poll-after-ms"] == "200"  # the client's polling interval
     content = requests.get(f"{server.url}/v1/videos/{job['id']}/content", timeout=10)
     assert content.status_code == 409 and "in_progress" in content.json()["error"]["message"]
     deleted = requests.delete(f"{server.url}/v1/videos/{job['id']}", timeout=30)

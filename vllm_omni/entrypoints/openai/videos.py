@@ -37,6 +37,7 @@ FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")  # the
 MAX_IMAGE_BYTES = 16 * 2**20
 MAX_FIELDS = 64
 MAX_LIST = 100
+POLL_AFTER_MS = 200
 
 
 class _JobStore:
@@ -112,7 +113,11 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
     @app.get("/v1/videos/{video_id}")
     async def retrieve(video_id: str):
         job = jobs().get(video_id)
-        return _not_found(video_id) if job is None else job.as_dict()
+        if job is None:
+            return _not_found(video_id)
+        # The official client's create_and_poll waits this long between polls (default: 1 s).
+        headers = {} if job.finished else {"openai-poll-after-ms": str(POLL_AFTER_MS)}
+        return JSONResponse(job.as_dict(), headers=headers)
 
     @app.get("/v1/videos/{video_id}/content")
     async def content(video_id: str, variant: str = "video"):
