@@ -45,5 +45,32 @@ def pipeline_image(pipe, prompt: str, p: DiffusionSamplingParams, **extra) -> np
     return np.asarray(image)
 
 
+def pipeline_video(folder, prompt: str, p, **extra) -> np.ndarray:
+    """A video pipeline's own call (loaded from `folder`) for one prompt and seed, with the
+    optional fields `p` (VideoSamplingParams) sets, as uint8 frames (`extra`: e.g. the first
+    frame of an image-to-video pipeline)."""
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    if p.negative_prompt is not None:
+        extra["negative_prompt"] = p.negative_prompt
+    if p.guidance_scale_2 is not None:
+        extra["guidance_scale_2"] = p.guidance_scale_2
+    with torch.inference_mode():
+        frames = pipe(
+            prompt=prompt,
+            height=p.height,
+            width=p.width,
+            num_frames=p.num_frames,
+            num_inference_steps=p.num_inference_steps,
+            guidance_scale=p.guidance_scale,
+            generator=torch.Generator().manual_seed(p.seed),
+            output_type="np",
+            **extra,
+        ).frames[0]
+    return (frames * 255).round().astype(np.uint8)
+
+
 def max_pixel_diff(a, b) -> int:
     return int(np.abs(np.asarray(a).astype(int) - np.asarray(b).astype(int)).max())

@@ -148,6 +148,16 @@ def slo_deadline(params: Any) -> float | None:
     return params.deadline
 
 
+def check_cache_scheduler(threshold: float | None, stage: str, scheduler: str) -> None:
+    """A request's residual-caching threshold needs a stage that schedules steps."""
+    if threshold and scheduler != "step":
+        raise FieldError(
+            "cache_threshold",
+            f"residual caching needs step-level scheduling; stage "
+            f"{stage!r} runs whole requests ({scheduler!r})",
+        )
+
+
 def check_size_multiple(params: Any, multiple: int) -> None:
     for name in ("height", "width"):
         if getattr(params, name) % multiple:
@@ -160,12 +170,7 @@ def validate_image_params(
     """A request's image parameters with size and seed filled in and the SLO turned into a
     deadline; raises ValueError naming the field the stage cannot serve."""
     params = stage_params(params, DiffusionSamplingParams, stage, "an image")
-    if params.cache_threshold and scheduler != "step":
-        raise FieldError(
-            "cache_threshold",
-            f"residual caching needs step-level scheduling; stage "
-            f"{stage!r} runs whole requests ({scheduler!r})",
-        )
+    check_cache_scheduler(params.cache_threshold, stage, scheduler)
     height, width = default_size
     params = replace(
         params,

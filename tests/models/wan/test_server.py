@@ -22,8 +22,9 @@ from PIL import Image
 from vllm_omni.diffusion.video_params import VideoSamplingParams
 from vllm_omni.video_file import decode_mp4, encode_mp4
 
+from ...helpers.diffusers_reference import pipeline_video
 from ...helpers.server import BIN, ServerProcess
-from .test_wan import picture, reference_video
+from .test_wan import picture
 
 pytestmark = pytest.mark.engine
 
@@ -101,7 +102,7 @@ def test_openai_client_video_job_completes(server, tiny_models):
     frames, fps = decode_mp4(data)
     assert frames.shape == (17, 48, 64, 3) and fps == 16.0
     params = VideoSamplingParams(height=48, width=64, num_frames=17, num_inference_steps=3, seed=7)
-    expected = reference_video(tiny_models["wan2.1-t2v"], "a red cat on the street", params)
+    expected = pipeline_video(tiny_models["wan2.1-t2v"], "a red cat on the street", params)
     assert np.abs(frames.astype(int) - as_served(expected)).mean() <= MAX_MEAN_DIFF
     assert client.videos.retrieve(video.id).status == "completed"
 
@@ -268,7 +269,7 @@ def test_image_to_video_takes_the_first_frame(hub_env, tiny_models):
         params = VideoSamplingParams(
             height=64, width=64, num_frames=9, num_inference_steps=3, seed=3
         )
-        expected = reference_video(tiny_models["wan2.1-i2v"], "a red cat", params, image=image)
+        expected = pipeline_video(tiny_models["wan2.1-i2v"], "a red cat", params, image=image)
         assert np.abs(frames.astype(int) - as_served(expected)).mean() <= MAX_MEAN_DIFF
         for files, message in [
             (None, "give the first frame"),

@@ -9,14 +9,13 @@ import asyncio
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from vllm_omni import AsyncOmniLLM, OmniLLM, VideoSamplingParams
 from vllm_omni.engine.request_run import StageDelta
 from vllm_omni.errors import FieldError
 
-from ...helpers.diffusers_reference import max_pixel_diff
+from ...helpers.diffusers_reference import max_pixel_diff, pipeline_video
 
 pytestmark = pytest.mark.engine
 
@@ -27,31 +26,6 @@ def picture(seed: int, size: tuple[int, int] = (80, 48)) -> Image.Image:
     """A smooth, seeded RGB picture (width, height)."""
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (3, 5, 3), dtype=np.uint8)).resize(size)
-
-
-def reference_video(folder, prompt: str, p: VideoSamplingParams, **extra) -> np.ndarray:
-    """diffusers' own Wan pipeline for one prompt and seed, as uint8 frames."""
-    from diffusers import DiffusionPipeline
-
-    pipe = DiffusionPipeline.from_pretrained(folder)
-    pipe.set_progress_bar_config(disable=True)
-    if p.negative_prompt is not None:
-        extra["negative_prompt"] = p.negative_prompt
-    if p.guidance_scale_2 is not None:
-        extra["guidance_scale_2"] = p.guidance_scale_2
-    with torch.inference_mode():
-        frames = pipe(
-            prompt=prompt,
-            height=p.height,
-            width=p.width,
-            num_frames=p.num_frames,
-            num_inference_steps=p.num_inference_steps,
-            guidance_scale=p.guidance_scale,
-            generator=torch.Generator().manual_seed(p.seed),
-            output_type="np",
-            **extra,
-        ).frames[0]
-    return (frames * 255).round().astype(np.uint8)
 
 
 def clip(seed: int, **kw) -> VideoSamplingParams:
@@ -80,7 +54,7 @@ def test_text_to_video_equals_diffusers(text_to_video):
     for out, prompt, p in zip(outputs, prompts, params):
         assert out.video.shape == (9, 64, 64, 3) and out.video.dtype == np.uint8
         assert out.fps == 16.0
-        assert max_pixel_diff(out.video, reference_video(folder, prompt, p)) <= MAX_PIXEL_DIFF
+        assert max_pixel_diff(out.video, pipeline_video(folder, prompt, p)) <= MAX_PIXEL_DIFF
     assert not np.array_equal(outputs[0].video, outputs[1].video)
 
 
@@ -109,7 +83,7 @@ def test_image_to_video_equals_diffusers(tiny_models):
             omni.generate("a red cat", clip(0), use_tqdm=False)
         assert e.value.field == "image"
     for out, image, p in zip(outputs, images, params):
-        expected = reference_video(folder, "a red cat", p, image=image)
+        expected = pipeline_video(folder, "a red cat", p, image=image)
         assert max_pixel_diff(out.video, expected) <= MAX_PIXEL_DIFF
 
 

@@ -51,6 +51,20 @@ def _has_text(text: str) -> bool:
     return re.search(NON_BLANK_PATTERN, text) is not None
 
 
+def non_blank(value: str) -> str:
+    """A prompt field's check: it must have a non-whitespace character."""
+    if not _has_text(value):
+        raise ValueError("must not be empty")
+    return value
+
+
+def matching(pattern: str, value: str | None, message: str) -> str | None:
+    """A text field's check against its published pattern (None passes)."""
+    if value is not None and not re.fullmatch(pattern, value):
+        raise ValueError(message)
+    return value
+
+
 class StrictBody(BaseModel):
     """A request body whose types are strict: `"n": "2"` is an error, not 2 (`"n": 2.0` is 2:
     JSON numbers). Unknown fields are errors too."""
@@ -137,9 +151,7 @@ class ImageOptions(StrictBody):
     @field_validator("size")
     @classmethod
     def _size_format(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(SIZE_PATTERN, value):
-            raise ValueError("must be 'WIDTHxHEIGHT', e.g. '512x512'")
-        return value
+        return matching(SIZE_PATTERN, value, "must be 'WIDTHxHEIGHT', e.g. '512x512'")
 
     def parsed_size(self) -> tuple[int, int] | None:
         """(width, height), or None for the model's default."""
@@ -163,9 +175,7 @@ class ImageGenerationRequest(ImageOptions):
     @field_validator("prompt")
     @classmethod
     def _prompt_not_empty(cls, value: str) -> str:
-        if not _has_text(value):
-            raise ValueError("must not be empty")
-        return value
+        return non_blank(value)
 
 
 class ImageEditRequest(ImageGenerationRequest):

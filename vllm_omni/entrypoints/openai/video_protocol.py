@@ -9,7 +9,6 @@ schema (videos.py)."""
 from __future__ import annotations
 
 import math
-import re
 
 from pydantic import Field, field_validator
 
@@ -20,6 +19,8 @@ from vllm_omni.entrypoints.openai.protocol import (
     SIZE_PATTERN,
     StrictBody,
     _on_string,
+    matching,
+    non_blank,
 )
 
 SECONDS_PATTERN = r"^([1-9][0-9]{0,2}(\.[0-9]{1,3})?|0\.([1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9]))$"
@@ -81,23 +82,19 @@ class VideoCreateRequest(StrictBody):
     @field_validator("prompt")
     @classmethod
     def _prompt_not_empty(cls, value: str) -> str:
-        if not re.search(NON_BLANK_PATTERN, value):
-            raise ValueError("must not be empty")
-        return value
+        return non_blank(value)
 
     @field_validator("size")
     @classmethod
     def _size_format(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(SIZE_PATTERN, value):
-            raise ValueError("must be 'WIDTHxHEIGHT', e.g. '832x480'")
-        return value
+        return matching(SIZE_PATTERN, value, "must be 'WIDTHxHEIGHT', e.g. '832x480'")
 
     @field_validator("seconds")
     @classmethod
     def _seconds_format(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(SECONDS_PATTERN, value):
-            raise ValueError("must be a positive number of seconds, e.g. '4' or '2.5'")
-        return value
+        return matching(
+            SECONDS_PATTERN, value, "must be a positive number of seconds, e.g. '4' or '2.5'"
+        )
 
     def sampling_params(self) -> VideoSamplingParams:
         """The video's parameters (FieldError naming a field the stage cannot take)."""

@@ -16,15 +16,12 @@ from PIL import Image
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
-from vllm_omni.diffusion.pipeline_loader import load_pipeline
+from vllm_omni.diffusion.pipeline_loader import stage_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.errors import FieldError
-from vllm_omni.logger import init_logger
 from vllm_omni.models.diffusers_pipeline.info import PipelineStageInfo
 from vllm_omni.models.diffusers_pipeline.signature import IMAGE_ARG, call_args
-
-logger = init_logger(__name__)
 
 OPTIONAL_ARGS = ("guidance_scale", "negative_prompt")
 """Request fields passed on only to pipelines whose `__call__` takes them."""
@@ -57,8 +54,7 @@ class WholePipelineExecutor:
     def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe: Any = None) -> None:
         self.cache = cache
         self.device = resolve_device(config.device)
-        start = time.perf_counter()
-        self.pipe = load_pipeline(config, self.device) if pipe is None else pipe.to(self.device)
+        self.pipe = stage_pipeline(config, self.device, pipe)
         self.call_args = call_args(type(self.pipe))
         self._info = PipelineStageInfo(
             default_size(self.pipe),
@@ -68,13 +64,6 @@ class WholePipelineExecutor:
             refuses=frozenset(OPTIONAL_ARGS) - self.call_args,
             # One: an editing pipeline given a list of images may take it as a batch of edits.
             max_input_images=1 if IMAGE_ARG in self.call_args else 0,
-        )
-        logger.info(
-            "pipeline stage: loaded %s (%s) on %s in %.1f s",
-            config.model,
-            self._info.pipeline_class,
-            self.device,
-            time.perf_counter() - start,
         )
 
     @property

@@ -39,14 +39,6 @@ class FirstBlockCachedForward:
         self.transformer = transformer
         self.cache = FirstBlockCache()
 
-    @property
-    def num_computed_rows(self) -> int:
-        return self.cache.num_computed_rows
-
-    @property
-    def num_cached_rows(self) -> int:
-        return self.cache.num_cached_rows
-
     def __call__(
         self,
         latents: torch.Tensor,

@@ -18,12 +18,11 @@ import torch
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
-from vllm_omni.diffusion.pipeline_loader import load_pipeline
+from vllm_omni.diffusion.pipeline_loader import load_pipeline, stage_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.diffusion.step_loop import execute_steps
 from vllm_omni.errors import FieldError
-from vllm_omni.logger import init_logger
 from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
 from vllm_omni.models.qwen_image.model_runner import (
     NEGATIVE_PROMPT_EMBEDS,
@@ -33,8 +32,6 @@ from vllm_omni.models.qwen_image.model_runner import (
     as_batch,
     pad_text,
 )
-
-logger = init_logger(__name__)
 
 REFUSES = frozenset({"guidance_scale"})
 """Qwen-Image guides with a negative prompt and `true_cfg_scale`; it has no distilled guidance."""
@@ -54,11 +51,7 @@ class DiffusersPipelineExecutor:
     def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        start = time.perf_counter()
-        if pipe is None:
-            self.pipe = load_pipeline(config, self.device, self.skip_components)
-        else:
-            self.pipe = pipe.to(self.device)
+        self.pipe = stage_pipeline(config, self.device, pipe, self.skip_components)
         self.model_runner = DiffusionModelRunner(
             self.pipe,
             cache,
@@ -66,13 +59,6 @@ class DiffusersPipelineExecutor:
             config.decode,
             config.residual_cache,
             self.conditioning(self.pipe),
-        )
-        logger.info(
-            "DiT stage: loaded %s (%s) on %s in %.1f s",
-            config.model,
-            type(self.pipe).__name__,
-            self.device,
-            time.perf_counter() - start,
         )
 
     def conditioning(self, pipe) -> Conditioning | None:
@@ -96,8 +82,8 @@ class DiffusersPipelineExecutor:
             return {}
         # Row-steps through every block / served by the residual cache.
         return {
-            "residual_computed_rows": cached.num_computed_rows,
-            "residual_cached_rows": cached.num_cached_rows,
+            "residual_computed_rows": cached.cache.num_computed_rows,
+            "residual_cached_rows": cached.cache.num_cached_rows,
         }
 
     def execute_model(

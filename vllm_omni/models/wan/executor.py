@@ -5,22 +5,17 @@ In `fifo` mode a group's requests run all their steps together before the next g
 
 from __future__ import annotations
 
-import time
-
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import VideoStageInfo
 from vllm_omni.diffusion.params import INPUT_IMAGES
-from vllm_omni.diffusion.pipeline_loader import load_pipeline
+from vllm_omni.diffusion.pipeline_loader import stage_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.diffusion.step_loop import execute_steps, execute_whole
 from vllm_omni.errors import FieldError
-from vllm_omni.logger import init_logger
 from vllm_omni.models.wan.runner import WanRunner
 from vllm_omni.models.wan.vae_norm import use_fast_norms
-
-logger = init_logger(__name__)
 
 DEFAULT_SHAPE = (81, 480, 832)  # the pipelines' own defaults: frames, height, width
 IMAGE_TO_VIDEO = "WanImageToVideoPipeline"
@@ -29,8 +24,7 @@ IMAGE_TO_VIDEO = "WanImageToVideoPipeline"
 class WanExecutor:
     def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
         self.device = resolve_device(config.device)
-        start = time.perf_counter()
-        self.pipe = load_pipeline(config, self.device) if pipe is None else pipe.to(self.device)
+        self.pipe = stage_pipeline(config, self.device, pipe)
         use_fast_norms(self.pipe.vae)
         name = type(self.pipe).__name__
         transformer = self.pipe.transformer or self.pipe.transformer_2
@@ -47,13 +41,6 @@ class WanExecutor:
             self.pipe, cache, self.device, self._info.image_to_video, config.residual_cache
         )
         self.cache = cache
-        logger.info(
-            "video stage: loaded %s (%s) on %s in %.1f s",
-            config.model,
-            name,
-            self.device,
-            time.perf_counter() - start,
-        )
 
     @property
     def info(self) -> VideoStageInfo:

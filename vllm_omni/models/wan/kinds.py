@@ -10,7 +10,7 @@ from typing import Any
 from PIL import Image
 
 from vllm_omni.diffusion.executor_kind import ExecutorKind, StageInfo, VideoStageInfo
-from vllm_omni.diffusion.params import INPUT_IMAGES
+from vllm_omni.diffusion.params import INPUT_IMAGES, check_cache_scheduler
 from vllm_omni.diffusion.video_params import VideoSamplingParams, resolve
 from vllm_omni.errors import FieldError
 
@@ -50,12 +50,7 @@ class WanVideo(ExecutorKind):
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
         assert isinstance(info, VideoStageInfo), info
         params = resolve(params, stage, info.default_shape, info.size_multiple)
-        if params.cache_threshold and scheduler != "step":
-            raise FieldError(
-                "cache_threshold",
-                f"residual caching needs step-level scheduling; stage {stage!r} runs whole "
-                f"requests ({scheduler!r})",
-            )
+        check_cache_scheduler(params.cache_threshold, stage, scheduler)
         if params.guidance_scale_2 is not None and not info.two_experts:
             raise FieldError(
                 "guidance_scale_2",

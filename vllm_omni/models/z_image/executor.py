@@ -5,19 +5,14 @@ their steps together before the next group starts."""
 
 from __future__ import annotations
 
-import time
-
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig, resolve_device
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
-from vllm_omni.diffusion.pipeline_loader import load_pipeline
+from vllm_omni.diffusion.pipeline_loader import stage_pipeline
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.diffusion.step_loop import execute_steps, execute_whole
-from vllm_omni.logger import init_logger
 from vllm_omni.models.z_image.runner import ZImageRunner
-
-logger = init_logger(__name__)
 
 DEFAULT_SIZE = (1024, 1024)  # the pipeline's own default
 REFUSES = frozenset({"cache_threshold"})
@@ -28,19 +23,9 @@ class ZImageExecutor:
     def __init__(self, config: DiTConfig, cache: DiTCacheManager, pipe=None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        start = time.perf_counter()
-        if pipe is None:  # the text encoder is the encoder stage's
-            self.pipe = load_pipeline(config, self.device, ("text_encoder", "tokenizer"))
-        else:
-            self.pipe = pipe.to(self.device)
+        # The text encoder is the encoder stage's.
+        self.pipe = stage_pipeline(config, self.device, pipe, ("text_encoder", "tokenizer"))
         self.runner = ZImageRunner(self.pipe, cache, self.device)
-        logger.info(
-            "DiT stage: loaded %s (%s) on %s in %.1f s",
-            config.model,
-            type(self.pipe).__name__,
-            self.device,
-            time.perf_counter() - start,
-        )
 
     @property
     def info(self) -> ImageStageInfo:
