@@ -11,15 +11,17 @@ run writes the same bytes:
 - `qwen-image-edit`, `qwen-image-edit-plus`: `QwenImageEditPipeline` and
   `QwenImageEditPlusPipeline` folders (the same parts, a Qwen2-VL processor for input images).
 - `qwen2.5-omni`: `Qwen2_5OmniForConditionalGeneration` (thinker, talker, token2wav, two voices).
+- `qwen3-omni`: `Qwen3OmniMoeForConditionalGeneration` (MoE thinker, MoE talker with its code
+  predictor, code2wav, three voices).
 - `sd3`: a `diffusers.StableDiffusion3Pipeline` folder (two CLIPs and a T5, MMDiT, VAE).
 - `z-image`: a `diffusers.ZImagePipeline` folder (Qwen3 text encoder, single-stream DiT, VAE).
 - `wan2.1-t2v`, `wan2.2-t2v`, `wan2.1-i2v`: `diffusers.WanPipeline` (one expert; Wan2.2's two)
   and `WanImageToVideoPipeline` folders (UMT5 text encoder, Wan DiT, Wan's 3-D VAE; CLIP vision).
 
 Each family's builder is in its folder (`plain_lm/tiny.py`, `qwen_image/tiny.py`,
-`qwen2_5_omni/tiny.py`, `sd3/tiny.py`, `z_image/tiny.py`, `wan/tiny.py`), what they share in
-`tiny_common.py`, the tokenizer in `tiny_tokenizer.py`. This module is the entry point: the
-table of models, the cache folder and its markers.
+`qwen2_5_omni/tiny.py`, `qwen3_omni/tiny.py`, `sd3/tiny.py`, `z_image/tiny.py`, `wan/tiny.py`),
+what they share in `tiny_common.py`, the tokenizer in `tiny_tokenizer.py`. This module is the
+entry point: the table of models, the cache folder and its markers.
 
     python -m vllm_omni.models.tiny --out DIR [--only NAME ...]
 """
@@ -40,6 +42,7 @@ from vllm_omni.models import tiny_common
 from vllm_omni.models import tiny_tokenizer as tt
 from vllm_omni.models.plain_lm import tiny as plain_lm_tiny
 from vllm_omni.models.qwen2_5_omni import tiny as qwen25_omni_tiny
+from vllm_omni.models.qwen3_omni import tiny as qwen3_omni_tiny
 from vllm_omni.models.qwen_image import tiny as qwen_image_tiny
 from vllm_omni.models.sd3 import tiny as sd3_tiny
 from vllm_omni.models.wan import tiny as wan_tiny
@@ -58,6 +61,7 @@ TINY_MODELS: dict[str, Callable[[Path], None]] = {
     "qwen-image-edit": qwen_image_tiny.build_qwen_image_edit,
     "qwen-image-edit-plus": qwen_image_tiny.build_qwen_image_edit_plus,
     "qwen2.5-omni": qwen25_omni_tiny.build_qwen25_omni,
+    "qwen3-omni": qwen3_omni_tiny.build_qwen3_omni,
     "sd3": sd3_tiny.build_sd3,
     "z-image": z_image_tiny.build_z_image,
     "wan2.1-t2v": wan_tiny.build_wan_t2v,

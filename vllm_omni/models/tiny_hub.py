@@ -25,6 +25,7 @@ HUB_NAMES: dict[str, str] = {
     "Qwen/Qwen-Image": "qwen-image",
     "Qwen/Qwen2.5-Omni-7B": "qwen2.5-omni",
     "Qwen/Qwen2.5-Omni-3B": "qwen2.5-omni",
+    "Qwen/Qwen3-Omni-30B-A3B-Instruct": "qwen3-omni",
     "Qwen/Qwen2.5-0.5B-Instruct": "qwen2-2l",
     "stabilityai/stable-diffusion-3.5-medium": "sd3",
     "Tongyi-MAI/Z-Image-Turbo": "z-image",

@@ -9,6 +9,8 @@ thread timing), so two trainings give the same vocabulary and merges.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,18 +42,12 @@ OMNI_NAMED_TOKENS = {
 TTS_PAD = "<|tts_pad|>"
 TTS_TEXT_BOS = "<|tts_text_bos|>"
 TTS_TEXT_EOD = "<|tts_text_eod|>"
-OMNI_SPECIAL_TOKENS = tuple(
-    t
-    for t in (*OMNI_NAMED_TOKENS.values(), TTS_PAD, TTS_TEXT_BOS, TTS_TEXT_EOD)
-    if t not in SPECIAL_TOKENS
-)
-"""The Omni tokenizer's special tokens beyond SPECIAL_TOKENS."""
 
 RESERVED_TOKENS = 16
 """At least this many `<|reserved_N|>` tokens fill the end of the vocabulary (more if the corpus
-yields fewer merges), so that every id a random model can sample decodes to something. The Omni
-tokenizer's special tokens take the first of these places, so both tokenizers share the BPE
-vocabulary and the common special tokens' ids."""
+yields fewer merges), so that every id a random model can sample decodes to something. A
+flavor's special tokens take the first of these places, so flavors without corpus lines of their
+own share the BPE vocabulary and the common special tokens' ids."""
 
 BPE_VOCAB_SIZE = VOCAB_SIZE - len(SPECIAL_TOKENS) - RESERVED_TOKENS
 
@@ -197,14 +193,43 @@ Vivid turquoise, crimson, magenta, indigo and amber stripes decorate the silk ki
 """
 
 
-def _corpus_lines() -> list[str]:
+@dataclass(frozen=True, eq=False)  # hashed by identity: the trained tokenizers are cached
+class Flavor:
+    """What a model's tokenizer adds to the common one: named special tokens (the attributes its
+    processor reads), more special tokens, its chat template, and corpus lines that make words
+    its model code looks up by id (Qwen3-Omni's role names) single tokens."""
+
+    name: str
+    named_tokens: Mapping[str, str] = field(default_factory=dict)
+    more_specials: tuple[str, ...] = ()
+    chat_template: str = CHAT_TEMPLATE
+    corpus: tuple[str, ...] = ()
+
+    @property
+    def specials(self) -> tuple[str, ...]:
+        """Special tokens after SPECIAL_TOKENS, in order: the named ones, then the others."""
+        extra = (*self.named_tokens.values(), *self.more_specials)
+        return tuple(dict.fromkeys(t for t in extra if t not in SPECIAL_TOKENS))
+
+
+PLAIN = Flavor("plain")
+QWEN25_OMNI = Flavor(
+    "qwen2.5-omni",
+    named_tokens=OMNI_NAMED_TOKENS,
+    more_specials=(TTS_PAD, TTS_TEXT_BOS, TTS_TEXT_EOD),
+    chat_template=OMNI_CHAT_TEMPLATE,
+)
+
+
+def _corpus_lines(flavor: Flavor) -> list[str]:
     # Each line is one training "sentence"; the literal "\n" in the code lines is a real newline.
-    return [line.replace("\\n", "\n") for line in CORPUS.splitlines() if line.strip()]
+    lines = [line.replace("\\n", "\n") for line in CORPUS.splitlines() if line.strip()]
+    return lines + list(flavor.corpus)
 
 
-def train_tokenizer(omni: bool = False):
-    """Train the byte-level BPE and wrap it as a `transformers.PreTrainedTokenizerFast`; with
-    `omni`, Qwen2.5-Omni's special tokens follow the common ones."""
+def train_tokenizer(flavor: Flavor = PLAIN):
+    """Train the byte-level BPE and wrap it as a `transformers.PreTrainedTokenizerFast`; the
+    flavor's special tokens follow the common ones."""
     from tokenizers import (
         AddedToken,
         Tokenizer,
@@ -229,12 +254,12 @@ def train_tokenizer(omni: bool = False):
         special_tokens=[],
     )
     # Repeat the corpus so that frequencies, not first occurrences, drive the early merges.
-    tok.train_from_iterator(_corpus_lines() * 4, trainer=trainer)
+    tok.train_from_iterator(_corpus_lines(flavor) * 4, trainer=trainer)
     learned = tok.get_vocab_size()
     if learned > BPE_VOCAB_SIZE:
         raise RuntimeError(f"BPE vocab_size {learned} exceeds BPE_VOCAB_SIZE {BPE_VOCAB_SIZE}")
 
-    specials = SPECIAL_TOKENS + (OMNI_SPECIAL_TOKENS if omni else ())
+    specials = SPECIAL_TOKENS + flavor.specials
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     # Fill the rest of the vocabulary with reserved tokens: the tokenizer length then equals the
     # models' vocab_size, so whatever id a random model samples, it decodes.
@@ -250,25 +275,25 @@ def train_tokenizer(omni: bool = False):
         unk_token=None,
         bos_token=None,
         model_max_length=65536,
-        chat_template=OMNI_CHAT_TEMPLATE if omni else CHAT_TEMPLATE,
+        chat_template=flavor.chat_template,
         clean_up_tokenization_spaces=False,
-        extra_special_tokens=OMNI_NAMED_TOKENS if omni else None,
+        extra_special_tokens=dict(flavor.named_tokens) or None,
     )
 
 
-@lru_cache(maxsize=2)
-def _trained(omni: bool = False):
-    return train_tokenizer(omni)
+@lru_cache(maxsize=4)
+def _trained(flavor: Flavor = PLAIN):
+    return train_tokenizer(flavor)
 
 
-def save_tokenizer(out_dir: Path, omni: bool = False) -> None:
+def save_tokenizer(out_dir: Path, flavor: Flavor = PLAIN) -> None:
     """Write the (cached) trained tokenizer's files into `out_dir`."""
-    _trained(omni).save_pretrained(str(out_dir))
+    _trained(flavor).save_pretrained(str(out_dir))
 
 
-def token_id(token: str, omni: bool = False) -> int:
-    """The id of a special token of the trained tokenizer."""
-    tid = _trained(omni).convert_tokens_to_ids(token)
+def token_id(token: str, flavor: Flavor = PLAIN) -> int:
+    """The id of a token of the flavor's trained tokenizer."""
+    tid = _trained(flavor).convert_tokens_to_ids(token)
     if not isinstance(tid, int) or tid < 0:
         raise KeyError(f"token {token!r} is not in the tiny tokenizer")
     return tid

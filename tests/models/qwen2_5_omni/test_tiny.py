@@ -72,8 +72,8 @@ def test_processor_expands_image_and_audio(omni_dir):
     audio = np.zeros(16_000, dtype=np.float32)  # 1 s at 16 kHz
     inputs = processor(text=text, images=[image], audio=[audio], return_tensors="pt")
     ids = inputs["input_ids"][0].tolist()
-    assert ids.count(tt.token_id("<|IMAGE|>", omni=True)) == 4  # 56x56: 4x4 patches, merged 2x2
-    assert ids.count(tt.token_id("<|AUDIO|>", omni=True)) == 25  # 25 audio tokens per second
+    assert ids.count(tt.token_id("<|IMAGE|>", tt.QWEN25_OMNI)) == 4  # 56x56: 4x4 patches, 2x2 merge
+    assert ids.count(tt.token_id("<|AUDIO|>", tt.QWEN25_OMNI)) == 25  # 25 audio tokens a second
 
 
 def test_generates_text_and_speech(hf_model, omni_dir):

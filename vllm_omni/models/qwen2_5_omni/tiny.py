@@ -35,7 +35,7 @@ MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [8,
 
 
 def _token_ids() -> dict[str, int]:
-    named = {name: tt.token_id(token, omni=True) for name, token in tt.OMNI_NAMED_TOKENS.items()}
+    named = {n: tt.token_id(token, tt.QWEN25_OMNI) for n, token in tt.OMNI_NAMED_TOKENS.items()}
     return dict(
         audio_token_index=named["audio_token"],
         image_token_index=named["image_token"],
@@ -94,9 +94,9 @@ def qwen25_omni_config():
         tts_codec_start_token_id=CODEC_BOS,
         tts_codec_end_token_id=CODEC_EOS,
         tts_codec_mask_token_id=CODEC_MASK,
-        tts_text_start_token_id=tt.token_id(tt.TTS_TEXT_BOS, omni=True),
-        tts_text_end_token_id=tt.token_id(tt.TTS_TEXT_EOD, omni=True),
-        tts_text_pad_token_id=tt.token_id(tt.TTS_PAD, omni=True),
+        tts_text_start_token_id=tt.token_id(tt.TTS_TEXT_BOS, tt.QWEN25_OMNI),
+        tts_text_end_token_id=tt.token_id(tt.TTS_TEXT_EOD, tt.QWEN25_OMNI),
+        tts_text_pad_token_id=tt.token_id(tt.TTS_PAD, tt.QWEN25_OMNI),
         embedding_size=THINKER_HIDDEN,
         hidden_size=96,
         intermediate_size=192,
@@ -165,7 +165,7 @@ def _processor(out: Path):
         WhisperFeatureExtractor,
     )
 
-    tt.save_tokenizer(out, omni=True)
+    tt.save_tokenizer(out, tt.QWEN25_OMNI)
     tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     return Qwen2_5OmniProcessor(
         image_processor=Qwen2VLImageProcessor(),
