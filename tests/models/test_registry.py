@@ -29,6 +29,7 @@ def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
         "z_image",
         "wan",
         "qwen2_5_omni",
+        "qwen3_omni",
         PLAIN_LM,
         ANY_PIPELINE,
     }
@@ -51,6 +52,8 @@ def test_detection(tmp_path: Path) -> None:
     omni = checkpoint({"config.json": {"model_type": "qwen2_5_omni"}})
     assert detect_family(omni).split_stages["talker"][1] == "talker_config"
     assert detect_family(omni).extra_files == ("spk_dict.pt",)
+    qwen3 = checkpoint({"config.json": {"model_type": "qwen3_omni_moe"}})
+    assert detect_family(qwen3).name == "qwen3_omni"
     assert detect_family(checkpoint({"config.json": {"model_type": "llama"}})).name == PLAIN_LM
     flux = checkpoint({"model_index.json": {"_class_name": "FluxPipeline"}})
     assert detect_family(flux).name == ANY_PIPELINE  # text-to-image: served whole
@@ -104,6 +107,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "z_image_prompt",
         "qwen25_omni_thinker",
         "qwen25_omni_talker",
+        "qwen3_omni_thinker",
     }
     assert set(executor_kinds()) == {
         "diffusers",

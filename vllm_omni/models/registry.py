@@ -37,6 +37,7 @@ FAMILY_PACKAGES = (
     "z_image",
     "wan",
     "qwen2_5_omni",
+    "qwen3_omni",
     "plain_lm",
     "diffusers_pipeline",
 )

@@ -59,24 +59,35 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-# ChatML with Qwen2.5-Omni's placeholders for content parts (OpenAI/vLLM part types), one
-# placeholder per item: the processor expands each to the item's number of embeddings.
-OMNI_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
-    "{%- elif part['type'] in ('image', 'image_url', 'image_pil', 'image_embeds') -%}"
-    "{{- '<|vision_start|><|IMAGE|><|vision_end|>' -}}"
-    "{%- elif part['type'] in ('audio', 'audio_url', 'input_audio', 'audio_embeds') -%}"
-    "{{- '<|audio_bos|><|AUDIO|><|audio_eos|>' -}}"
-    "{%- elif part['type'] in ('video', 'video_url') -%}"
-    "{{- '<|vision_start|><|VIDEO|><|vision_end|>' -}}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+
+def omni_chat_template(image: str, audio: str, video: str) -> str:
+    """ChatML whose content parts (OpenAI/vLLM part types) become the given placeholders, one
+    per item: the processor expands each to the item's number of embeddings."""
+    return (
+        "{%- for message in messages -%}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+        "{%- if message['content'] is string -%}{{- message['content'] -}}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+        "{%- elif part['type'] in ('image', 'image_url', 'image_pil', 'image_embeds') -%}"
+        f"{{{{- '{image}' -}}}}"
+        "{%- elif part['type'] in ('audio', 'audio_url', 'input_audio', 'audio_embeds') -%}"
+        f"{{{{- '{audio}' -}}}}"
+        "{%- elif part['type'] in ('video', 'video_url') -%}"
+        f"{{{{- '{video}' -}}}}"
+        "{%- endif -%}{%- endfor -%}{%- endif -%}"
+        "{{- '<|im_end|>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+
+
+# Qwen2.5-Omni's placeholders. Images and videos are framed by <|vision_start|> /
+# <|vision_end|>, as vLLM's placeholder for this model writes them.
+OMNI_CHAT_TEMPLATE = omni_chat_template(
+    "<|vision_start|><|IMAGE|><|vision_end|>",
+    "<|audio_bos|><|AUDIO|><|audio_eos|>",
+    "<|vision_start|><|VIDEO|><|vision_end|>",
 )
 
 # A small, varied English corpus: everyday prose, numbers, code-ish text, punctuation and the

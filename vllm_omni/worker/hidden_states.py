@@ -37,7 +37,10 @@ from vllm_omni.worker.hooks import PassThroughHook
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
-PLACEHOLDER_FIELDS = ("audio_token_index", "image_token_index", "video_token_index")
+PLACEHOLDER_FIELDS = (
+    *("audio_token_index", "image_token_index", "video_token_index"),  # Qwen2.5-Omni's names
+    *("audio_token_id", "image_token_id", "video_token_id"),  # Qwen3-Omni's
+)
 
 
 def scheduled_spans(scheduler_output: SchedulerOutput) -> dict[str, tuple[int, int]]:
@@ -80,14 +83,40 @@ class HiddenStatesHook(PassThroughHook):
             placeholder_ids(runner.model_config.hf_config), device=runner.device
         )
 
+        layer = self.capture_layer()
+        if layer is not None:
+            self._add_layer_output(layer)
+
         def capturing_forward(*args, **kwargs):
             out = forward(*args, **kwargs)
-            if get_pp_group().is_last_rank and not isinstance(out, tuple):
-                self._capture(out, kwargs.get("positions"))
+            rows = out
+            if layer is not None and isinstance(out, tuple):
+                rows = out[1][0]  # the layer's output, vLLM's auxiliary hidden state
+            if get_pp_group().is_last_rank and not isinstance(rows, tuple):
+                self._capture(rows, kwargs.get("positions"))
             return out
 
         # An instance attribute on this worker's own runner: the runner class stays untouched.
         runner._model_forward = capturing_forward
+
+    def capture_layer(self) -> int | None:
+        """Whose hidden states the rows carry: None for the final (normed) ones, k for the
+        output of the first k decoder layers (transformers' `hidden_states[k]`)."""
+        return None
+
+    def _add_layer_output(self, layer: int) -> None:
+        """Have the model return the output of `layer` as its one auxiliary hidden state (vLLM's
+        EAGLE-3 interface), set right after the model loads: the profiling run, torch.compile and
+        graph capture all see that forward, and the runner unpacks what it returns."""
+        runner = self.worker.model_runner
+        load = runner.load_model
+
+        def load_with_layer_output(*args, **kwargs):
+            load(*args, **kwargs)
+            runner.get_model().set_aux_hidden_state_layers((layer,))
+            runner.use_aux_hidden_state_outputs = True
+
+        runner.load_model = load_with_layer_output
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         from vllm.model_executor.models.interfaces import supports_multimodal

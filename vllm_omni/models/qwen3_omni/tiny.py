@@ -9,13 +9,15 @@ Hugging Face layout, deterministic.
 names `system`, `user` and `assistant` as single tokens (the model looks turns up by those ids).
 Shapes follow the rules the real model's code imposes, shrunk:
 
-- thinker: a 2-layer MoE LM (4 experts, 2 per token), hidden 128, head_dim 64 (vLLM's CPU
+- thinker: a 3-layer MoE LM (4 experts, 2 per token), hidden 128, head_dim 64 (vLLM's CPU
   attention supports 64), interleaved M-RoPE sections summing to head_dim / 2; audio and vision
-  towers of one or two layers whose outputs have the LM's width.
+  towers of one or two layers whose outputs have the LM's width. The talker reads layer 2's
+  output: past the layers that DeepStack feeds (1 here, 3 of 48 in the real model), as the real
+  model's 24.
 - talker: a 2-layer MoE decoder (4 experts, 2 per token, a gated shared expert), hidden 64,
-  head_dim 64, reading the thinker's layer `ACCEPT_LAYER`; its vocabulary is the codebook (64
-  codes) plus 1024 ids for the codec's special tokens (transformers suppresses exactly the last
-  1024 ids but the end token); 4 code groups, so a 1-layer code predictor adds 3 codes per frame.
+  head_dim 64; its vocabulary is the codebook (64 codes) plus 1024 ids for the codec's special
+  tokens (transformers suppresses exactly the last 1024 ids but the end token); 4 code groups,
+  so a 1-layer code predictor adds 3 codes per frame.
 - code2wav: 2 transformer layers, decoder width 64, the real upsampling (8*5*4*3 * 2*2 = 1920
   samples, 80 ms at 24 kHz, per frame).
 - three voices, as the real config names them: chelsie, ethan, aiden.
@@ -30,7 +32,7 @@ from vllm_omni.models.tiny_common import LOGIT_GAIN, chat_generation_config, ran
 
 QWEN3_OMNI_SEED = 1030
 THINKER_HIDDEN = 128
-ACCEPT_LAYER = 1
+ACCEPT_LAYER = 2
 CODEBOOK = 64
 CODE_GROUPS = 4
 # The codec's special ids sit above the codebook at the real model's offsets from it.
@@ -57,23 +59,10 @@ NAMED_TOKENS = {
 }
 """Qwen3-Omni's multimodal tokens, by the attribute names its processor reads."""
 
-# ChatML with Qwen3-Omni's placeholders for content parts (OpenAI/vLLM part types), one per item.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
-    "{%- elif part['type'] in ('image', 'image_url', 'image_pil', 'image_embeds') -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] in ('audio', 'audio_url', 'input_audio', 'audio_embeds') -%}"
-    "{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
-    "{%- elif part['type'] in ('video', 'video_url') -%}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+CHAT_TEMPLATE = tt.omni_chat_template(
+    "<|vision_start|><|image_pad|><|vision_end|>",
+    "<|audio_start|><|audio_pad|><|audio_end|>",
+    "<|vision_start|><|video_pad|><|vision_end|>",
 )
 
 TOKENIZER = tt.Flavor(
@@ -123,6 +112,9 @@ def _thinker_config() -> dict:
             num_heads=2,
             out_hidden_size=THINKER_HIDDEN,
             deepstack_visual_indexes=[1],
+            # vLLM reads these two: transformers always adds the 48 x 48 learned positions.
+            image_size=768,
+            apply_vit_abs_pos_embed=True,
         ),
         text_config=dict(
             vocab_size=tt.VOCAB_SIZE,
@@ -131,13 +123,14 @@ def _thinker_config() -> dict:
             moe_intermediate_size=64,
             num_experts=4,
             num_experts_per_tok=2,
-            num_hidden_layers=2,
+            num_hidden_layers=3,
             num_attention_heads=2,
             num_key_value_heads=1,
             head_dim=64,
             max_position_embeddings=8192,
             rope_parameters=MROPE,
             rms_norm_eps=1e-6,
+            tie_word_embeddings=False,  # vLLM reads it
             bos_token_id=_id(tt.ENDOFTEXT),
             eos_token_id=_id(tt.IM_END),
             pad_token_id=_id(tt.ENDOFTEXT),
