@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Text + speech throughput: transformers' Qwen2.5-Omni `generate`, once per request, vs OmniLLM.
+"""Text + speech throughput: transformers' Omni `generate`, once per request, vs OmniLLM.
 
     python -m benchmarks.omni_audio --json out/omni_audio.json --png out/omni_audio.png
+    python -m benchmarks.omni_audio --model qwen3-omni --json out/qwen3_omni_audio.json
 
-Same weights (the tiny Qwen2.5-Omni of the tests, float32), same prompts, same work per request:
-the thinker writes up to --text-tokens greedy tokens, the talker speaks them (greedy, up to
---codes codes), code2wav decodes (10 ODE steps). The baseline is what a transformers user
+Same weights (the tiny Qwen2.5-Omni or Qwen3-Omni of the tests, float32), same prompts, same
+work per request: the thinker writes up to --text-tokens greedy tokens, the talker speaks them
+(greedy, up to --codes codes; for Qwen3-Omni, frames of all code groups), code2wav decodes
+(Qwen2.5-Omni: 10 ODE steps). The baseline is what a transformers user
 writes: `model.generate(...)` for each request in turn, in this process, on torch's default
 threads. OmniLLM runs the built-in graph (thinker and talker on vLLM engines, code2wav in the
 DiT process); at concurrency c, c requests are in flight at a time.
@@ -14,7 +16,8 @@ The machines here drift between runs, so each baseline pass is paired with an Om
 the same requests at each concurrency, and ratios are taken per pair (median of --runs pairs,
 after a warm-up). Every request writes exactly --text-tokens tokens and --codes codes (no end
 token; the random-weight model would stop at random). The defaults, 64 tokens and 512 codes
-(10 s of speech at 50 codes/s), are about what a 64-token reply takes to say. Reported:
+(10 s of speech at 50 codes/s; Qwen3-Omni: 128 frames at 12.5/s), are about what a 64-token
+reply takes to say. Reported:
 requests/s and audio seconds per second; for a request alone, its real-time factor (seconds of
 work per second of audio) and the time to its first audio, whole (the reply decoded at once)
 and streamed (talker started with the thinker, code2wav in chunks); and (--png) the stage
@@ -38,7 +41,8 @@ from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 TOPICS = ("the sea", "mountains", "a red cat", "the city at night", "rain", "a lighthouse",
           "old books", "the moon")  # fmt: skip
 PROMPT = "<|im_start|>user\nTell me about {}.<|im_end|>\n<|im_start|>assistant\n"
-CODEC_BOS = 61  # the tiny model's codec start code: never sampled, so used as "no end code"
+CODEC_BOS = 61  # the tiny Qwen2.5-Omni's codec start code: never sampled: "no end code"
+DEFAULT_CODES = {"qwen2.5-omni": 512, "qwen3-omni": 128}
 
 
 def prompts(n: int) -> list[str]:
@@ -52,6 +56,8 @@ def run_baseline(model, tokenizer, texts: list[str], args) -> tuple[float, float
     for i, text in enumerate(texts):
         ids = torch.tensor([tokenizer.encode(text)])
         torch.manual_seed(i)
+        # Greedy, Qwen3-Omni's talker never samples its end code on the random weights.
+        stop = {"talker_eos_token_id": [CODEC_BOS]} if args.model == "qwen2.5-omni" else {}
         with torch.no_grad():
             _, wav = model.generate(
                 input_ids=ids,
@@ -60,7 +66,7 @@ def run_baseline(model, tokenizer, texts: list[str], args) -> tuple[float, float
                 thinker_do_sample=False,
                 talker_do_sample=False,
                 talker_max_new_tokens=args.codes,
-                talker_eos_token_id=[CODEC_BOS],
+                **stop,
             )
         audio_s += wav.numel() / 24000
     return time.perf_counter() - start, audio_s
@@ -71,18 +77,15 @@ def omni_params(args, seed: int) -> dict[str, Any]:
 
     from vllm_omni import Code2WavParams
 
-    return {
-        "thinker": SamplingParams(
-            temperature=0, max_tokens=args.text_tokens, min_tokens=args.text_tokens
-        ),
-        "talker": SamplingParams(
-            temperature=0,
-            max_tokens=args.codes,
-            repetition_penalty=1.05,
-            stop_token_ids=[CODEC_BOS],
-        ),
-        "code2wav": Code2WavParams(seed=seed),
-    }
+    tokens = args.text_tokens
+    thinker = SamplingParams(temperature=0, max_tokens=tokens, min_tokens=tokens)
+    if args.model == "qwen3-omni":
+        talker = SamplingParams(temperature=0, max_tokens=args.codes, repetition_penalty=1.05)
+        return {"thinker": thinker, "talker": talker}
+    talker = SamplingParams(
+        temperature=0, max_tokens=args.codes, repetition_penalty=1.05, stop_token_ids=[CODEC_BOS]
+    )
+    return {"thinker": thinker, "talker": talker, "code2wav": Code2WavParams(seed=seed)}
 
 
 def first_audio(omni, text: str, args, stream: bool) -> tuple[float, float]:
@@ -126,18 +129,22 @@ def run_omni(omni, texts: list[str], args, concurrency: int) -> tuple[float, flo
 
 
 def bench(args) -> dict[str, Any]:
-    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+    import transformers
 
     from vllm_omni import OmniLLM
 
-    folder = build_tiny_models(default_models_dir(), ["qwen2.5-omni"])["qwen2.5-omni"]
-    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    folder = build_tiny_models(default_models_dir(), [args.model])[args.model]
+    name = {"qwen2.5-omni": "Qwen2_5Omni", "qwen3-omni": "Qwen3OmniMoe"}[args.model]
+    model_class = getattr(transformers, f"{name}ForConditionalGeneration")
+    model = model_class.from_pretrained(folder, dtype=torch.float32)
+    AutoTokenizer = transformers.AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(folder)
     float32 = {"engine_args": {"dtype": "float32", "max_model_len": 4096}}
     omni = OmniLLM(folder, stage_overrides={"thinker": float32, "talker": float32})
     texts = prompts(args.requests)
-    result: dict[str, Any] = {"requests": args.requests, "text_tokens": args.text_tokens,
-                              "codes": args.codes, "runs": []}  # fmt: skip
+    result: dict[str, Any] = {"model": args.model, "requests": args.requests,
+                              "text_tokens": args.text_tokens, "codes": args.codes,
+                              "runs": []}  # fmt: skip
     try:
         run_baseline(model, tokenizer, texts[:1], args)  # warm-up
         run_omni(omni, texts[:2], args, 2)
@@ -211,7 +218,7 @@ def write_png(result: dict[str, Any], path: Path) -> None:
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("seconds (last OmniLLM pass at the highest concurrency)")
-    ax.set_title("Qwen2.5-Omni stages busy (tiny model, 2-core CPU)", fontsize=9)
+    ax.set_title(f"{result['model']} stages busy (tiny model, 2-core CPU)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -222,14 +229,19 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--text-tokens", type=int, default=64)
+    parser.add_argument("--model", choices=sorted(DEFAULT_CODES), default="qwen2.5-omni")
     parser.add_argument(
-        "--codes", type=int, default=512, help="speech codes per reply (50 per second of audio)"
+        "--codes",
+        type=int,
+        help="speech codes (Qwen3-Omni: frames) per reply; default 512 (Qwen2.5-Omni, 50 a "
+        "second of audio) or 128 (Qwen3-Omni, 12.5 a second)",
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     parser.add_argument("--png", type=Path, help="write the stage timeline here")
     args = parser.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.codes = args.codes or DEFAULT_CODES[args.model]
 
     result = bench(args)
     fa = result["first_audio_s"]

@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "vllm_omni.platform",
             "vllm_omni.outputs",
             "vllm_omni.video_file",
+            "vllm_omni.audio_file",
             "vllm_omni.config.model_source",
             "vllm_omni",  # the package itself: its version; its exports load lazily
         ),

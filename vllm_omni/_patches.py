@@ -348,6 +348,7 @@ def all_pinned() -> list[Pinned]:
 
 def _library_pinned() -> list[Pinned]:
     from vllm.distributed.device_communicators.shm_broadcast import ShmRingBuffer
+    from vllm.model_executor.models.interfaces import SupportsEagle3
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.executor import ray_utils
     from vllm.v1.executor.ray_executor_v2 import RayExecutorV2, RayWorkerProc
@@ -408,6 +409,20 @@ def _library_pinned() -> list[Pinned]:
             "047e6a4738de",
             "worker.hidden_states fills `pooler_output` of the ModelRunnerOutput it returns "
             "(synchronous scheduling), aligned with `req_ids` and `sampled_token_ids`.",
+        ),
+        Pinned(
+            GPUModelRunner,
+            "_dummy_run",
+            "47b96b71fc65",
+            "worker.hidden_states (a hook that captures a decoder layer) sets "
+            "`use_aux_hidden_state_outputs` after the model loads: the profiling and warm-up "
+            "runs unpack the model's (hidden states, auxiliary hidden states) by that flag.",
+        ),
+        Pinned(
+            SupportsEagle3,
+            "set_aux_hidden_state_layers",
+            "1bab1645ae9e",
+            "worker.hidden_states has the model return one layer's output through it.",
         ),
         Pinned(
             OutputProcessor,

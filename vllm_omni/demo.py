@@ -285,8 +285,8 @@ def run_speech(model: str, hub_cache: Path, out_dir: Path, max_tokens: int) -> b
     from vllm import SamplingParams
 
     from vllm_omni import Code2WavParams, OmniLLM
+    from vllm_omni.audio_file import wav_file
     from vllm_omni.config.model_source import model_path
-    from vllm_omni.models.qwen2_5_omni.speech_chat import wav_file
     from vllm_omni.models.qwen2_5_omni.tiny import CODEC_BOS
 
     float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048}}

@@ -108,11 +108,13 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "qwen25_omni_thinker",
         "qwen25_omni_talker",
         "qwen3_omni_thinker",
+        "qwen3_omni_talker",
     }
     assert set(executor_kinds()) == {
         "diffusers",
         "vae_decoder",
         "code2wav",
+        "qwen3_code2wav",
         "diffusers_pipeline",
         "qwen_image_edit",
         "z_image",

@@ -12,7 +12,7 @@ import pytest
 import requests
 import torch
 
-from vllm_omni.models.qwen2_5_omni.speech_chat import audio_samples
+from vllm_omni.models.omni_speech.chat import audio_samples
 
 from ...helpers.hf_reference import one_thread
 from ...helpers.media import audio_part, image_part

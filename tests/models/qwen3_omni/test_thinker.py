@@ -117,8 +117,3 @@ def test_audio_prompt_tokens_and_rows_match_transformers(omni, hf, captured):
     assert placeholder.sum() > 0
     accept = model.config.talker_config.accept_hidden_layer
     assert_rows_match(rows, states, accept, placeholder)
-
-
-def test_audio_output_is_refused_naming_modalities(omni):
-    with pytest.raises(ValueError, match=r"modalities: 'audio' is not an output"):
-        omni.generate({"prompt": PROMPT, "modalities": ["audio"]}, use_tqdm=False)

@@ -30,10 +30,28 @@ def _pinned() -> list:
     return pinned()
 
 
-def _speech_chat(app, server) -> None:
-    from vllm_omni.models.qwen2_5_omni.speech_chat import add_routes
+def _seeded_params(seed: int, voice: str, stages: list[str]) -> dict:
+    """A seeded speaking request: the talker with its sampling defaults and code2wav's noise
+    seeded too."""
+    from vllm import SamplingParams
 
-    add_routes(app, server)
+    from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
+    from vllm_omni.models.qwen2_5_omni.talker import TALKER_MAX_TOKENS, TALKER_SAMPLING
+
+    params: dict = {}
+    if "talker" in stages:
+        params["talker"] = SamplingParams(
+            max_tokens=TALKER_MAX_TOKENS, seed=seed, **TALKER_SAMPLING
+        )
+    if "code2wav" in stages:
+        params["code2wav"] = Code2WavParams(seed=seed, voice=voice)
+    return params
+
+
+def _speech_chat(app, server) -> None:
+    from vllm_omni.models.omni_speech.chat import SpeechFamily, add_routes
+
+    add_routes(app, server, SpeechFamily(seeded_params=_seeded_params))
 
 
 FAMILY = ModelFamily(

@@ -17,11 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from vllm_omni.engine.stage_processor import Generator
 from vllm_omni.errors import FieldError
+from vllm_omni.models.talker_common import (
+    draws_from_seed,
+    finished_thinker,
+    segment_seed,
+    thinker_embedding_rows,
+)
 
 DEFAULT_VOICE = "Chelsie"
 TALKER_HOOK = "qwen25_omni_talker"
@@ -65,24 +70,6 @@ class TalkerSpecials:
             text_eos=rows[-2],
             text_pad=rows[-1],
         )
-
-
-def thinker_embedding_rows(folder: Path, token_ids: list[int]) -> torch.Tensor:
-    """Rows of the thinker's input embedding table, read from the checkpoint without loading it."""
-    from safetensors import safe_open
-
-    name = "thinker.model.embed_tokens.weight"
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = [folder / json.loads(index.read_text())["weight_map"][name]]
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-    for path in files:
-        with safe_open(str(path), "pt") as f:
-            if name in f.keys():
-                table = f.get_slice(name)
-                return torch.stack([table[i : i + 1][0] for i in token_ids])
-    raise FieldError("model", f"no {name} in {folder}")
 
 
 @dataclass(frozen=True)
@@ -190,9 +177,9 @@ class TalkerGenerator(Generator):
         voice = self.voice(inputs.get("voice"))
         upstream = inputs.get("upstream")
         if upstream is None:  # the thinker has finished: everything at once
-            upstream = _once(inputs)
+            upstream = finished_thinker(inputs)
         budget = params.max_tokens or TALKER_MAX_TOKENS
-        seeded = _draws_from_seed(params)
+        seeded = draws_from_seed(params)
         pieces: list[torch.Tensor] = []
         num_prompt, finished, codes, segment = None, False, [], 0
         feed = upstream.__aiter__()
@@ -250,8 +237,8 @@ class TalkerGenerator(Generator):
         s = self.specials
         params = params.clone()
         params.max_tokens = max_tokens
-        if _draws_from_seed(params):  # its own draws, the same whenever this segment runs
-            params.seed = int(np.random.SeedSequence([params.seed, segment]).generate_state(1)[0])
+        if draws_from_seed(params):  # its own draws, the same whenever this segment runs
+            params.seed = segment_seed(params.seed, segment)
         payload = encode_payload(
             talker_prompt.rows, talker_prompt.codec_from, talker_prompt.positions
         )
@@ -274,13 +261,3 @@ class TalkerGenerator(Generator):
             if ends:
                 return codes, True
         return codes, False
-
-
-def _draws_from_seed(params) -> bool:
-    from vllm.sampling_params import SamplingType
-
-    return params.sampling_type == SamplingType.RANDOM_SEED
-
-
-async def _once(inputs: dict[str, Any]):
-    yield {k: inputs.get(k) for k in ("thinker_states", "prompt_token_ids")}, True

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Qwen3-Omni: the MoE thinker (text) on vLLM, handing on what its talker reads."""
+"""Qwen3-Omni: MoE thinker (text) -> MoE talker + code predictor (speech codes) -> code2wav."""
 
+from vllm_omni.models.qwen3_omni.code2wav import Qwen3Code2WavKind
 from vllm_omni.models.qwen3_omni.graph import stage_graph
 from vllm_omni.models.registry import ModelFamily
 
@@ -11,10 +12,63 @@ def _thinker(config):
     return Qwen3ThinkerGenerator()
 
 
+def _talker(config):
+    from vllm_omni.models.qwen3_omni.talker import Qwen3TalkerGenerator
+
+    return Qwen3TalkerGenerator.for_stage(config)
+
+
+def _pinned() -> list:
+    from vllm_omni.models.qwen3_omni.pinned import pinned
+
+    return pinned()
+
+
+def _seeded_params(seed: int, voice: str, stages: list[str]) -> dict:
+    """A seeded speaking request: the talker (its sampling defaults, the code predictor's draws
+    included) seeded too; code2wav draws nothing."""
+    from vllm import SamplingParams
+
+    from vllm_omni.models.qwen3_omni.talker import TALKER_MAX_TOKENS, TALKER_SAMPLING
+
+    if "talker" not in stages:
+        return {}
+    return {"talker": SamplingParams(max_tokens=TALKER_MAX_TOKENS, seed=seed, **TALKER_SAMPLING)}
+
+
+def _speech_prompt(text: str, instructions: str | None) -> dict:
+    """The assistant's turn already holds `text` (see models/omni_speech/speech.py); the talker
+    reads the user turn, `instructions` or the text itself."""
+    user = instructions or text
+    return {"prompt": f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{text}"}
+
+
+def _speech_params(stages: list[str]) -> dict:
+    from vllm import SamplingParams
+
+    return {"thinker": SamplingParams(temperature=0, max_tokens=1)}  # its one token is not spoken
+
+
+def _speech_api(app, server) -> None:
+    from vllm_omni.models.omni_speech import chat, speech
+
+    family = chat.SpeechFamily(
+        seeded_params=_seeded_params, speech_prompt=_speech_prompt, speech_params=_speech_params
+    )
+    chat.add_routes(app, server, family)
+    speech.add_routes(app, server, family)
+
+
 def _thinker_hook() -> type:
     from vllm_omni.models.qwen3_omni.thinker import AcceptLayerHook
 
     return AcceptLayerHook
+
+
+def _talker_hook() -> type:
+    from vllm_omni.models.qwen3_omni.talker_worker import TalkerStepHook
+
+    return TalkerStepHook
 
 
 FAMILY = ModelFamily(
@@ -23,12 +77,22 @@ FAMILY = ModelFamily(
     model_types=("qwen3_omni_moe",),
     split_stages={
         "thinker": ("Qwen3OmniMoeThinkerForConditionalGeneration", "thinker_config"),
+        "talker": ("Qwen3OmniMoeTalkerForConditionalGeneration", "talker_config"),
+        "code2wav": ("Qwen3OmniMoeCode2Wav", "code2wav_config"),
     },
     repos=(
         "Qwen/Qwen3-Omni-30B-A3B-Instruct",
         "Qwen/Qwen3-Omni-30B-A3B-Thinking",
         "Qwen/Qwen3-Omni-30B-A3B-Captioner",
     ),
-    processors={"qwen3_omni_thinker": _thinker},
-    worker_hooks={"qwen3_omni_thinker": _thinker_hook},
+    processors={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
+    executors=(Qwen3Code2WavKind(),),
+    worker_hooks={"qwen3_omni_thinker": _thinker_hook, "qwen3_omni_talker": _talker_hook},
+    vllm_models={
+        "Qwen3OmniTalkerForCodec": (
+            "vllm_omni.models.qwen3_omni.talker_model:Qwen3OmniTalkerForCodec"
+        )
+    },
+    api=_speech_api,
+    pinned=_pinned,
 )

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""POST /v1/chat/completions on a model that writes and speaks (Qwen2.5-Omni), in OpenAI's shapes:
-the family's API adapter (`add_routes`).
+"""POST /v1/chat/completions on a model that writes and speaks (the Omni families), in OpenAI's
+shapes: the families' API adapter (`add_routes`, with what the family says in `SpeechFamily`).
 
     client.chat.completions.create(model=M, messages=[...], modalities=["text", "audio"],
                                    audio={"voice": "Chelsie", "format": "wav"})
@@ -28,6 +28,7 @@ import time
 import uuid
 import wave
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -36,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vllm_omni.audio_file import pcm16, wav_file
 from vllm_omni.entrypoints.async_omni_llm import RequestFinished
 from vllm_omni.entrypoints.openai.protocol import StrictBody, error_body
 from vllm_omni.entrypoints.openai.server_utils import (
@@ -86,6 +88,20 @@ class AudioOutput(BaseModel):
     @property
     def voice_name(self) -> str:
         return self.voice.id if isinstance(self.voice, VoiceId) else self.voice
+
+
+@dataclass(frozen=True)
+class SpeechFamily:
+    """What the speech routes need from a model family."""
+
+    seeded_params: Callable[[int, str, list[str]], dict[str, Any]]
+    """(seed, voice, the graph's stage names) -> parameters of the stages after the thinker
+    for a seeded request that speaks."""
+    speech_prompt: Callable[[str, str | None], dict[str, Any]] | None = None
+    """(input, instructions) -> the prompt mapping that has the model say `input`
+    (/v1/audio/speech; None: the family does not serve it)."""
+    speech_params: Callable[[list[str]], dict[str, Any]] | None = None
+    """(the graph's stage names) -> the stage parameters of such a request."""
 
 
 SAMPLING_FIELDS = (
@@ -146,13 +162,10 @@ class SpeechChatRequest(StrictBody):
             prompt["voice"] = self.audio.voice_name
         return prompt
 
-    def stage_params(self, stages: list[str]) -> dict[str, Any]:
-        """The thinker takes the request's sampling fields. With a `seed`, the talker (its own
-        sampling defaults) and code2wav (its noise) are seeded too: same seed, same audio."""
+    def stage_params(self, stages: list[str], speech: SpeechFamily) -> dict[str, Any]:
+        """The thinker takes the request's sampling fields. With a `seed`, the stages after it
+        are seeded too (`speech.seeded_params`): same seed, same audio."""
         from vllm import SamplingParams
-
-        from vllm_omni.models.qwen2_5_omni.params import Code2WavParams
-        from vllm_omni.models.qwen2_5_omni.talker import TALKER_MAX_TOKENS, TALKER_SAMPLING
 
         kwargs: dict[str, Any] = {
             "max_tokens": self.max_completion_tokens or self.max_tokens,
@@ -164,29 +177,9 @@ class SpeechChatRequest(StrictBody):
         if self.min_tokens and kwargs["max_tokens"] and self.min_tokens > kwargs["max_tokens"]:
             raise FieldError("min_tokens", f"must be at most max_tokens ({kwargs['max_tokens']})")
         params: dict[str, Any] = {"thinker": SamplingParams(**kwargs)}
-        if self.seed is not None and "talker" in stages:
-            params["talker"] = SamplingParams(
-                max_tokens=TALKER_MAX_TOKENS, seed=self.seed, **TALKER_SAMPLING
-            )
-        if self.seed is not None and "code2wav" in stages and self.audio is not None:
-            params["code2wav"] = Code2WavParams(seed=self.seed, voice=self.audio.voice_name)
+        if self.seed is not None and self.audio is not None:
+            params.update(speech.seeded_params(self.seed, self.audio.voice_name, stages))
         return params
-
-
-def pcm16(audio: torch.Tensor) -> bytes:
-    """Raw 16-bit little-endian mono samples, as OpenAI's `pcm16`."""
-    samples = audio.detach().float().clamp(-1, 1).mul(32767).round().numpy()
-    return samples.astype("<i2").tobytes()
-
-
-def wav_file(audio: torch.Tensor, sample_rate: int) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(sample_rate)
-        f.writeframes(pcm16(audio))
-    return buffer.getvalue()
 
 
 def audio_chunks(audio: torch.Tensor, sample_rate: int) -> list[bytes]:
@@ -294,7 +287,7 @@ def audio_samples(data: bytes, fmt: str) -> np.ndarray:
     return np.frombuffer(data, dtype="<i2")
 
 
-def add_routes(app: FastAPI, server: OmniServer) -> None:
+def add_routes(app: FastAPI, server: OmniServer, speech: SpeechFamily) -> None:
     """Chat completions for a graph whose outputs are text and audio."""
 
     @app.post("/v1/chat/completions")
@@ -302,7 +295,8 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
         omni = server.omni
         start = time.monotonic()
         try:
-            inputs, params = omni.prepare(body.omni_prompt(), body.stage_params(omni.graph.names))
+            params = body.stage_params(omni.graph.names, speech)
+            inputs, params = omni.prepare(body.omni_prompt(), params)
         except CLIENT_ERRORS as e:  # vLLM's SamplingParams checks raise its own kind
             server.metrics.requests.labels("chat", "rejected").inc()
             return client_error(e)
