@@ -235,6 +235,27 @@ def test_routes_match_the_graph(server):
     assert requests.post(f"{server.url}/v1/images/generations", json=body).status_code == 404
 
 
+def test_speech_says_the_given_text(server, client):
+    # /v1/audio/speech: the text fills the assistant turn, the talker speaks it.
+    from vllm_omni.audio_file import decode_audio
+
+    def speak(seed: int) -> bytes:
+        return client.audio.speech.create(
+            model=MODEL, voice="Chelsie", input="Good morning.", response_format="wav",
+            extra_body={"seed": seed},
+        ).content  # fmt: skip
+
+    samples, rate = decode_audio(speak(0))
+    assert rate == 24_000 and len(samples) > 0 and len(samples) % SAMPLES_PER_CODE == 0
+    assert speak(0) == speak(0)  # the seed decides the talker's draws and code2wav's noise
+    assert (
+        "/v1/audio/speech" in requests.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
+    )
+    with pytest.raises(openai.BadRequestError) as error:
+        client.audio.speech.create(model=MODEL, voice="alloy", input="Hi.")
+    assert error.value.body["param"] == "voice"
+
+
 def test_vllm_sampling_fields(server, client):
     """Chat takes the sampling fields vLLM's own chat takes, with their meaning: min_tokens
     holds the reply to its length even past the end of text."""

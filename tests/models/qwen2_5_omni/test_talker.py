@@ -63,3 +63,25 @@ def test_talker_input_splits_the_thinkers_position_columns() -> None:
     assert plain.positions is None
     assert torch.equal(mrope.positions, TABLE)
     assert torch.equal(mrope.rows, plain.rows) and mrope.ids == plain.ids
+
+
+def test_the_reply_starts_after_the_last_assistant_header(tiny_models) -> None:
+    # A chat prompt ends with the header: the reply is what the thinker writes. A speech
+    # request's prompt holds the text to say in the assistant turn: the reply starts there.
+    from transformers import AutoTokenizer
+
+    from vllm_omni.models.omni_speech.speech import chatml_speech_prompt
+
+    folder = tiny_models["qwen2.5-omni"]
+    specials = TalkerSpecials.load(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    chat = tokenizer("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n").input_ids
+    assert specials.reply_start(chat) == len(chat)
+    speech = tokenizer(chatml_speech_prompt("Good morning", None)["prompt"]).input_ids
+    start = specials.reply_start(speech)
+    assert tokenizer.decode(speech[start:]) == "Good morning"
+    # An earlier turn's text is not spoken, nor is a prompt without a header.
+    earlier = speech + tokenizer("<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n").input_ids
+    assert specials.reply_start(earlier) == len(earlier)
+    plain = tokenizer("Once upon a time").input_ids
+    assert specials.reply_start(plain) == len(plain)

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from vllm_omni.errors import FieldError
-from vllm_omni.models.qwen3_omni import _speech_prompt
+from vllm_omni.models.omni_speech.speech import chatml_speech_prompt
 from vllm_omni.models.qwen3_omni.talker_prompt import TalkerSpecials, talker_prompt
 
 PAD, BOS, EOS = -1.0, -2.0, -3.0  # the tts rows, told apart by value
@@ -54,7 +54,7 @@ def test_user_turns_header_reply_and_end(setup):
 def test_speech_prompt_speaks_its_text(setup):
     specials, tokenizer = setup
     text = "The quick brown fox"
-    prompt = tokenizer(_speech_prompt(text, None)["prompt"]).input_ids
+    prompt = tokenizer(chatml_speech_prompt(text, None)["prompt"]).input_ids
     out = talker_prompt(states_of(prompt), prompt, specials, "Ethan")  # one token written
     spoken = tokenizer(text).input_ids
     start = out.codec_from + 6 - 1  # the first text row, with the codec start

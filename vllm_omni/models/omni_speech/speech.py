@@ -14,6 +14,8 @@ user turn the talker reads (default: `input` itself).
   decoded (a WAV header of unknown length first). `sse` sends `speech.audio.delta` events of
   base64 `pcm`, then `speech.audio.done`.
 - `speed` other than 1.0 is refused: the models speak at one pace.
+- `seed` (an extension): seeds the talker's sampling (and Qwen2.5-Omni's code2wav noise); same
+  seed, same audio.
 
 Errors are HTTP 400 naming the field.
 """
@@ -49,6 +51,21 @@ from vllm_omni.models.omni_speech.chat import SpeechFamily, VoiceId
 STREAMED_FORMATS = ("wav", "pcm")
 
 
+def chatml_speech_prompt(text: str, instructions: str | None) -> dict[str, Any]:
+    """A ChatML prompt (the Qwen Omni models') whose assistant turn already holds `text`; the
+    user turn is `instructions`, or the text itself."""
+    user = instructions or text
+    return {"prompt": f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{text}"}
+
+
+def speak_given_text(stages: list[str]) -> dict[str, Any]:
+    """The thinker's parameters of a speech request: it reads the prompt in one pass and writes
+    one token, which is not spoken (a thinker never hands on its last token's row)."""
+    from vllm import SamplingParams
+
+    return {"thinker": SamplingParams(temperature=0, max_tokens=1)}
+
+
 class SpeechRequest(StrictBody):
     """OpenAI's speech request."""
 
@@ -59,6 +76,8 @@ class SpeechRequest(StrictBody):
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)
     stream_format: Literal["audio", "sse"] = "audio"
+    # An extension, as vLLM's chat has one (openai client: `extra_body`).
+    seed: int | None = Field(None, ge=0, lt=2**63)
 
     _input = field_validator("input")(non_blank)
 
@@ -100,7 +119,10 @@ def add_routes(app: FastAPI, server: OmniServer, speech: SpeechFamily) -> None:
             "stream": body.streams,
         }
         try:
-            inputs, params = omni.prepare(prompt, speech.speech_params(omni.graph.names))
+            params = speech.speech_params(omni.graph.names)
+            if body.seed is not None:
+                params.update(speech.seeded_params(body.seed, body.voice_name, omni.graph.names))
+            inputs, params = omni.prepare(prompt, params)
         except CLIENT_ERRORS as e:
             server.metrics.requests.labels("speech", "rejected").inc()
             return client_error(e)

@@ -48,10 +48,16 @@ def _seeded_params(seed: int, voice: str, stages: list[str]) -> dict:
     return params
 
 
-def _speech_chat(app, server) -> None:
-    from vllm_omni.models.omni_speech.chat import SpeechFamily, add_routes
+def _speech_api(app, server) -> None:
+    from vllm_omni.models.omni_speech import chat, speech
 
-    add_routes(app, server, SpeechFamily(seeded_params=_seeded_params))
+    family = chat.SpeechFamily(
+        seeded_params=_seeded_params,
+        speech_prompt=speech.chatml_speech_prompt,
+        speech_params=speech.speak_given_text,
+    )
+    chat.add_routes(app, server, family)
+    speech.add_routes(app, server, family)
 
 
 FAMILY = ModelFamily(
@@ -73,6 +79,6 @@ FAMILY = ModelFamily(
             "vllm_omni.models.qwen2_5_omni.talker_model:Qwen25OmniTalkerForCodec"
         )
     },
-    api=_speech_chat,
+    api=_speech_api,
     pinned=_pinned,
 )

@@ -48,6 +48,17 @@ class TalkerSpecials:
     voices: dict[str, torch.Tensor]  # voice -> thinker embedding of its start token
     text_eos: torch.Tensor  # thinker embedding of the talker's text-end token
     text_pad: torch.Tensor  # ... and of its text-pad token
+    header: tuple[int, ...] = ()  # token ids of the assistant turn's header
+
+    def reply_start(self, prompt_ids: list[int]) -> int:
+        """Where the reply the talker speaks begins: after the prompt, or, when the prompt's last
+        assistant turn already holds text (a speech request's), after that turn's header."""
+        n = len(self.header)
+        for start in range(len(prompt_ids) - n, -1, -1):
+            if n and tuple(prompt_ids[start : start + n]) == self.header:
+                # the last turn only: no <|im_start|> after it
+                return len(prompt_ids) if self.header[0] in prompt_ids[start + n :] else start + n
+        return len(prompt_ids)
 
     @classmethod
     def load(cls, folder: str | Path) -> TalkerSpecials:
@@ -69,7 +80,16 @@ class TalkerSpecials:
             voices={name: rows[i] for i, name in enumerate(names)},
             text_eos=rows[-2],
             text_pad=rows[-1],
+            header=assistant_header(folder),
         )
+
+
+def assistant_header(folder: Path) -> tuple[int, ...]:
+    """The token ids of `<|im_start|>assistant\n` in the checkpoint's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return tuple(tokenizer("<|im_start|>assistant\n", add_special_tokens=False).input_ids)
 
 
 @dataclass(frozen=True)
@@ -187,7 +207,8 @@ class TalkerGenerator(Generator):
             size = self.min_segment * 2**segment if seeded else self.min_segment
             if not finished and (num_prompt is None or self._wait(pieces, num_prompt, codes, size)):
                 outputs, finished = await feed.__anext__()
-                num_prompt = len(outputs.get("prompt_token_ids") or ()) or num_prompt
+                if outputs.get("prompt_token_ids"):
+                    num_prompt = self.specials.reply_start(list(outputs["prompt_token_ids"]))
                 if finished:
                     pieces = (
                         [outputs["thinker_states"]]

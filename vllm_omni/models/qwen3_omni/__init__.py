@@ -36,24 +36,13 @@ def _seeded_params(seed: int, voice: str, stages: list[str]) -> dict:
     return {"talker": SamplingParams(max_tokens=TALKER_MAX_TOKENS, seed=seed, **TALKER_SAMPLING)}
 
 
-def _speech_prompt(text: str, instructions: str | None) -> dict:
-    """The assistant's turn already holds `text` (see models/omni_speech/speech.py); the talker
-    reads the user turn, `instructions` or the text itself."""
-    user = instructions or text
-    return {"prompt": f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{text}"}
-
-
-def _speech_params(stages: list[str]) -> dict:
-    from vllm import SamplingParams
-
-    return {"thinker": SamplingParams(temperature=0, max_tokens=1)}  # its one token is not spoken
-
-
 def _speech_api(app, server) -> None:
     from vllm_omni.models.omni_speech import chat, speech
 
     family = chat.SpeechFamily(
-        seeded_params=_seeded_params, speech_prompt=_speech_prompt, speech_params=_speech_params
+        seeded_params=_seeded_params,
+        speech_prompt=speech.chatml_speech_prompt,
+        speech_params=speech.speak_given_text,
     )
     chat.add_routes(app, server, family)
     speech.add_routes(app, server, family)
