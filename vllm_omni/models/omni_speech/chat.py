@@ -287,6 +287,23 @@ def audio_samples(data: bytes, fmt: str) -> np.ndarray:
     return np.frombuffer(data, dtype="<i2")
 
 
+def start_request(omni, inputs, params, request_id: str) -> tuple[asyncio.Task, asyncio.Queue]:
+    """Run a prepared request: its partial outputs (StageDelta), then a RequestFinished or the
+    exception it failed with, go to the returned queue."""
+    events: asyncio.Queue = asyncio.Queue()
+    task = asyncio.create_task(
+        omni.run_prepared(inputs, params, request_id, on_event=events.put_nowait)
+    )
+
+    def done(t: asyncio.Task) -> None:
+        if not t.cancelled():
+            error = t.exception()
+            events.put_nowait(error if error is not None else RequestFinished(t.result()))
+
+    task.add_done_callback(done)
+    return task, events
+
+
 def add_routes(app: FastAPI, server: OmniServer, speech: SpeechFamily) -> None:
     """Chat completions for a graph whose outputs are text and audio."""
 
@@ -301,18 +318,7 @@ def add_routes(app: FastAPI, server: OmniServer, speech: SpeechFamily) -> None:
             server.metrics.requests.labels("chat", "rejected").inc()
             return client_error(e)
         request_id = uuid.uuid4().hex
-        events: asyncio.Queue = asyncio.Queue()
-        task = asyncio.create_task(
-            omni.run_prepared(inputs, params, request_id, on_event=events.put_nowait)
-        )
-
-        def done(t: asyncio.Task) -> None:
-            if t.cancelled():
-                return
-            error = t.exception()
-            events.put_nowait(error if error is not None else RequestFinished(t.result()))
-
-        task.add_done_callback(done)
+        task, events = start_request(omni, inputs, params, request_id)
         # The first partial output (or the end) decides between a reply and a 400: messages
         # that vLLM cannot render fail here, before any byte is sent.
         first = await next_output(events)

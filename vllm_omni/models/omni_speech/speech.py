@@ -46,7 +46,7 @@ from vllm_omni.entrypoints.openai.server_utils import (
     is_client_error,
     next_output,
 )
-from vllm_omni.models.omni_speech.chat import SpeechFamily, VoiceId
+from vllm_omni.models.omni_speech.chat import SpeechFamily, VoiceId, start_request
 
 STREAMED_FORMATS = ("wav", "pcm")
 
@@ -126,17 +126,7 @@ def add_routes(app: FastAPI, server: OmniServer, speech: SpeechFamily) -> None:
         except CLIENT_ERRORS as e:
             server.metrics.requests.labels("speech", "rejected").inc()
             return client_error(e)
-        events: asyncio.Queue = asyncio.Queue()
-        task = asyncio.create_task(
-            omni.run_prepared(inputs, params, uuid.uuid4().hex, on_event=events.put_nowait)
-        )
-
-        def done(t: asyncio.Task) -> None:
-            if not t.cancelled():
-                error = t.exception()
-                events.put_nowait(error if error is not None else RequestFinished(t.result()))
-
-        task.add_done_callback(done)
+        task, events = start_request(omni, inputs, params, uuid.uuid4().hex)
         first = await next_output(events)
         if is_client_error(first):
             server.metrics.requests.labels("speech", "rejected").inc()

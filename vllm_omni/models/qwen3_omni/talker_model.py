@@ -185,9 +185,9 @@ class Qwen3OmniTalkerForCodec(nn.Module):
         if step is not None:
             n = step.rows.shape[0]  # padding rows (graph batch sizes) keep the codec embedding
             rows = step.rows.to(embeds.dtype)
-            text = torch.where(
-                step.hidden[:, None], self.hidden_projection(rows), self.text_projection(rows)
-            )
+            text = self.text_projection(rows)
+            if bool(step.hidden.any()):  # multimodal tokens of the user's turns
+                text[step.hidden] = self.hidden_projection(rows[step.hidden])
             head = embeds[:n] * step.codec.to(embeds.dtype) + text
             if step.frame_tokens.numel():
                 frames = self.predict_frames(input_ids[step.frame_tokens], step)
