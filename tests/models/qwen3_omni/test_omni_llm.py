@@ -13,7 +13,7 @@ from vllm import SamplingParams
 from vllm_omni import OmniLLM
 
 from ...helpers.hf_reference import one_thread
-from ...helpers.media import audio_part
+from ...helpers.media import audio_part, image_part
 
 pytestmark = pytest.mark.engine
 
@@ -102,6 +102,27 @@ def test_audio_prompt_matches_transformers(omni, hf):
     text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     inputs = dict(processor(text=text, audio=[samples], return_tensors="pt"))
     reply, codes, _ = hf_generate(hf, inputs, "Ethan")
+    assert out.token_ids == reply
+    assert out.codec_token_ids == codes.tolist()
+
+
+def test_image_prompt_matches_transformers(omni, hf):
+    # transformers positions the talker with M-RoPE over its own tokens: the image's tokens
+    # spread over height and width (a 2x4 grid after merging), so 1-D positions would change
+    # the codes; a system turn before it is left out of the talker's input.
+    _, processor = hf
+    image, picture = image_part(torch.Generator().manual_seed(0), height=64, width=128)
+    question = {"type": "text", "text": "What is this?"}
+    system = {"role": "system", "content": "Be brief."}
+    request = {"messages": [system, {"role": "user", "content": [picture, question]}]}
+    out = omni.generate({**request, "voice": "Aiden"}, stage_params(), use_tqdm=False)[0]
+
+    chat = [system, {"role": "user", "content": [{"type": "image"}, question]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    inputs = dict(processor(text=text, images=[image], return_tensors="pt"))
+    assert inputs["image_grid_thw"].tolist() == [[1, 4, 8]]
+    reply, codes, _ = hf_generate(hf, inputs, "Aiden")
+    assert out.prompt_token_ids == inputs["input_ids"][0].tolist()  # the image's 8 tokens too
     assert out.token_ids == reply
     assert out.codec_token_ids == codes.tolist()
 

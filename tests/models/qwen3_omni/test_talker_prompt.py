@@ -69,3 +69,23 @@ def test_a_thinking_stream_waits_for_the_first_reply_row(setup):
         talker_prompt(states_of(prompt), prompt, specials, "Ethan")
     with pytest.raises(FieldError, match="voice: unknown voice 'Nobody'"):
         talker_prompt(states_of(prompt + [5]), prompt, specials, "Nobody")
+
+
+def test_positions_rebase_each_user_turn_and_count_on():
+    from vllm_omni.models.qwen3_omni.talker_prompt import talker_positions_table
+
+    # Thinker positions: a system turn (0-2), a user turn with a 1x2x2 image (3-9), an
+    # assistant turn (10-11), a user turn (12-13); the talker keeps the user turns only.
+    text = lambda a, b: torch.arange(a, b).expand(3, b - a)  # noqa: E731
+    image = torch.tensor([[5, 5, 5, 5], [5, 5, 6, 6], [5, 6, 5, 6]])
+    thinker = torch.cat([text(0, 5), image, text(7, 8), text(8, 10), text(10, 12)], dim=1)
+    user = torch.tensor([3, 4, 5, 6, 7, 8, 9, 12, 13])
+    table = talker_positions_table(thinker, user, len(user) + 9)
+    assert table[:, :9].tolist() == [
+        [0, 1, 2, 2, 2, 2, 4, 5, 6],  # the image keeps its grid; text counts on past it
+        [0, 1, 2, 2, 3, 3, 4, 5, 6],
+        [0, 1, 2, 3, 2, 3, 4, 5, 6],
+    ]  # the second user turn follows the first at 5, 6 (its thinker positions were 10, 11)
+    assert table[:, 9:].tolist() == [list(range(7, 16))] * 3  # the assistant rows count on
+    plain = torch.arange(12).expand(3, 12)
+    assert talker_positions_table(plain, torch.tensor([3, 4, 5]), 12) is None

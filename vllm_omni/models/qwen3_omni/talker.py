@@ -134,7 +134,7 @@ class Qwen3TalkerGenerator(Generator):
             params.seed = segment_seed(params.seed, segment)
         known = spoken.residuals()
         payload = encode_payload(
-            prompt.rows, prompt.hidden, prompt.codec_from, len(prompt.ids), known
+            prompt.rows, prompt.hidden, prompt.codec_from, len(prompt.ids), known, prompt.positions
         )
         params.extra_args = {**(params.extra_args or {}), PAYLOAD_KEY: payload}
         params.stop_token_ids = [s.codec_eos]

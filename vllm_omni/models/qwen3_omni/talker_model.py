@@ -22,9 +22,13 @@ previous hidden state) the talker worker sets before every forward
 (`vllm_omni.models.qwen3_omni.talker_worker`) through `set_step`; the forward leaves the new
 frames' codes and each request's last hidden state in `step_results`.
 
-Positions are 1-D: transformers gives the talker 3-D M-RoPE positions, which are equal on all
-three axes for text and audio prompts (interleaved M-RoPE then rotates as plain RoPE). Image and
-video prompts give the talker other positions in transformers; not served here yet.
+Positions: transformers gives the talker 3-D M-RoPE positions, its `get_rope_index` over the
+talker's own tokens (`talker_prompt.talker_positions_table`), equal on all three axes for text
+and audio prompts. The layers rotate with the talker's interleaved M-RoPE and take either; the
+worker hands the forward [3, tokens] positions where a request has an image or video. vLLM
+itself is told nothing of M-RoPE (`talker_hf_overrides` drops it from the config it sees): its
+runner would compute positions from the request's multimodal inputs, and a talker request has
+none.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ class TalkerDecoderLayer(nn.Module):
             hidden_size=config.hidden_size,
             num_heads=config.num_attention_heads,
             num_kv_heads=config.num_key_value_heads,
-            rope_parameters=config.rope_parameters,
+            # The talker's own (interleaved M-RoPE): it takes [3, tokens] or 1-D positions.
+            rope_parameters=config.talker.text_config.rope_parameters,
             max_position_embeddings=config.max_position_embeddings,
             head_dim=config.head_dim,
             rms_norm_eps=config.rms_norm_eps,

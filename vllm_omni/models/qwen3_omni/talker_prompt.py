@@ -90,6 +90,7 @@ class TalkerPrompt:
     rows: torch.Tensor  # [positions, thinker hidden]: the prompt's rows, then one per frame
     hidden: torch.Tensor  # [positions] bool: rows that go through `hidden_projection`
     codec_from: int  # positions before it leave out the codec embedding
+    positions: torch.Tensor | None = None  # [3, prompt] M-RoPE positions, where not 1-D
 
 
 def user_positions(prompt_ids: list[int], specials: TalkerSpecials) -> list[int]:
@@ -144,4 +145,29 @@ def talker_prompt(
     hidden[: len(user)] = is_placeholder
     codec = [*specials.codec_think, specials.speaker(voice), specials.codec_pad, specials.codec_bos]
     ids = [specials.codec_pad] * (len(user) + 3) + codec
-    return TalkerPrompt(ids, rows, hidden, codec_from=len(user) + 3)
+    positions = None
+    if states.shape[1] >= 2 * width + 3:  # the thinker's M-RoPE positions ride with its rows
+        thinker_positions = states[:, 2 * width : 2 * width + 3].round().long().T
+        positions = talker_positions_table(thinker_positions, user, len(ids))
+    return TalkerPrompt(ids, rows, hidden, codec_from=len(user) + 3, positions=positions)
+
+
+def talker_positions_table(
+    thinker: torch.Tensor, user: torch.Tensor, length: int
+) -> torch.Tensor | None:
+    """[3, length] M-RoPE positions of the talker's prompt, as transformers' `get_rope_index`
+    gives them over the talker's own tokens: each user turn keeps its thinker positions (images
+    and videos spread over time, height and width), moved to follow the turn before; the
+    assistant rows count on. None where that is plain 1-D (text and audio prompts)."""
+    table, next_position, start = [], 0, 0
+    user = user.tolist()
+    for i in range(1, len(user) + 1):
+        if i == len(user) or user[i] != user[i - 1] + 1:  # the end of a run of user tokens
+            run = thinker[:, user[start:i]]
+            run = run - run[:, :1] + next_position  # a turn starts with <|im_start|>: text
+            table.append(run)
+            next_position, start = int(run.max()) + 1, i
+    rest = length - len(user)
+    table.append(torch.arange(next_position, next_position + rest).expand(3, rest))
+    positions = torch.cat(table, dim=1)
+    return None if torch.equal(positions, torch.arange(length).expand(3, length)) else positions

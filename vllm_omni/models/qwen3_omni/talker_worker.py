@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import ModelRunnerOutput
 
+from vllm_omni.models.qwen2_5_omni.talker_worker import talker_positions
 from vllm_omni.models.qwen3_omni.talker_model import TalkerStep
 from vllm_omni.worker.hidden_states import scheduled_spans
 from vllm_omni.worker.hooks import PassThroughHook
@@ -34,14 +35,25 @@ PAYLOAD_KEY = "omni_qwen3_talker"
 
 
 def encode_payload(
-    rows: torch.Tensor, hidden: torch.Tensor, codec_from: int, prompt_len: int, known: torch.Tensor
+    rows: torch.Tensor,
+    hidden: torch.Tensor,
+    codec_from: int,
+    prompt_len: int,
+    known: torch.Tensor,
+    positions: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """The talker's rows as plain msgpack values, to ride in SamplingParams.extra_args.
     `known` [frames, G - 1]: the residual codes of the frames a continuing request's prompt
-    already holds (after the talker prompt's `prompt_len` positions)."""
+    already holds (after the talker prompt's `prompt_len` positions). `positions`: the talker
+    prompt's [3, prompt_len] M-RoPE positions, where not 1-D."""
     array = rows.detach().to("cpu", torch.float32).contiguous().numpy()
     codes = known.detach().to("cpu", torch.int64).contiguous().numpy()
+    extra = {}
+    if positions is not None:
+        table = positions.detach().to("cpu", torch.int64).contiguous().numpy()
+        extra = {"positions": table.tobytes(), "positions_shape": list(table.shape)}
     return {
+        **extra,
         "rows": array.tobytes(),
         "shape": list(array.shape),
         "hidden": hidden.to(torch.uint8).numpy().tobytes(),
@@ -53,16 +65,22 @@ def encode_payload(
 
 
 def decode_payload(payload: dict[str, Any]):
-    """(rows, hidden, codec_from, prompt_len, known), as `encode_payload` takes them."""
+    """(rows, hidden, codec_from, prompt_len, known, positions), as `encode_payload` takes
+    them."""
     rows = np.frombuffer(payload["rows"], dtype=np.float32).reshape(payload["shape"])
     hidden = np.frombuffer(payload["hidden"], dtype=np.uint8).astype(bool)
     known = np.frombuffer(payload["known"], dtype=np.int64).reshape(payload["known_shape"])
+    positions = None
+    if "positions" in payload:
+        table = np.frombuffer(payload["positions"], dtype=np.int64)
+        positions = torch.from_numpy(table.reshape(payload["positions_shape"]).copy())
     return (
         torch.from_numpy(rows.copy()),
         torch.from_numpy(hidden.copy()),
         int(payload["codec_from"]),
         int(payload["prompt_len"]),
         torch.from_numpy(known.copy()),
+        positions,
     )
 
 
@@ -70,7 +88,9 @@ class TalkerRequest:
     """What the hook keeps of one talker request between steps."""
 
     def __init__(self, payload: dict[str, Any], params, device) -> None:
-        rows, hidden, self.codec_from, self.prompt_len, known = decode_payload(payload)
+        rows, hidden, self.codec_from, self.prompt_len, known, self.positions = decode_payload(
+            payload
+        )
         self.rows, self.hidden = rows.to(device), hidden.to(device)
         self.greedy = params.temperature < 1e-5
         self.generator = None
@@ -93,6 +113,8 @@ class TalkerStepHook(PassThroughHook):
 
         def stepped_forward(*args, **kwargs):
             order = self._set_step(kwargs.get("input_ids"))
+            if order and kwargs.get("positions") is not None:
+                kwargs["positions"] = self._mrope_positions(kwargs["positions"], order)
             try:
                 out = forward(*args, **kwargs)
                 if order:
@@ -169,6 +191,23 @@ class TalkerStepHook(PassThroughHook):
             )
         )
         return order
+
+    def _mrope_positions(
+        self, positions: torch.Tensor, order: list[tuple[str, int, int]]
+    ) -> torch.Tensor:
+        """The runner's 1-D positions -> [3, tokens] where a scheduled request has 3-D ones
+        (an image or video prompt); the model's layers rotate with M-RoPE, which takes 1-D
+        positions as they are."""
+        out = None
+        for req_id, offset, n in order:
+            request = self._requests.get(req_id)
+            if request is None or request.positions is None:
+                continue
+            out = positions.expand(3, -1).clone() if out is None else out
+            start, _ = self._spans[req_id]
+            table = talker_positions(request.positions, start, n)
+            out[:, offset : offset + n] = table.to(out)
+        return positions if out is None else out
 
     def _keep_results(self, order: list[tuple[str, int, int]]) -> None:
         """After the forward: each request's last hidden state, and its new frames' codes (in
