@@ -41,10 +41,12 @@ import torch
 from benchmarks.common import write_result
 from benchmarks.omni_throughput import wide_model
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.residual_cache import ResidualCacheConfig
-from vllm_omni.models.qwen_image.model_runner import DiffusionModelRunner
+from vllm_omni.diffusion.step_loop import StepwiseExecutor
+from vllm_omni.models.qwen_image.runner import QwenImageRunner
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 COMPUTE_DIT = dict(
@@ -96,7 +98,7 @@ class TransformerTimer:
     """Seconds spent in the transformer's calls, cached or not: what cache-dit's figure counts
     (the sampler's step and the runner's bookkeeping are left out of both sides)."""
 
-    def __init__(self, runner: DiffusionModelRunner) -> None:
+    def __init__(self, runner: QwenImageRunner) -> None:
         self.seconds = 0.0
         self._cached = runner.cached_forward
         runner.cached_forward = self  # the runner calls it for requests with a cache policy
@@ -121,8 +123,10 @@ class Runner:
 
     def __init__(self, pipe) -> None:
         self.cache = DiTCacheManager()
-        self.runner = DiffusionModelRunner(pipe, self.cache, torch.device("cpu"))
-        self.timer = TransformerTimer(self.runner)
+        config = DiTConfig(model="in-memory")
+        model = QwenImageRunner(pipe, config, torch.device("cpu"))
+        self.timer = TransformerTimer(model)
+        self.runner = StepwiseExecutor(config, self.cache, model)  # the stage's step loop
         self.pipe = pipe
         self._ids = 0
 
@@ -145,7 +149,7 @@ class Runner:
 
     def alone(self, embeds, cfg: Config, seed: int, threshold: float):
         request = self.request(embeds, cfg, seed, threshold)
-        self.runner.prepare(request)
+        self.runner.prepare([request])
         start, in_transformer = time.perf_counter(), self.timer.seconds
         while not self.runner.is_done(request):
             self.runner.denoise_step([request])
@@ -163,7 +167,7 @@ class Runner:
         while pending or running:
             while pending and order[pending[0].request_id] * join_every <= step:
                 running.append(pending.pop(0))
-                self.runner.prepare(running[-1])
+                self.runner.prepare([running[-1]])
             start = time.perf_counter()
             self.runner.denoise_step(running)
             seconds += time.perf_counter() - start

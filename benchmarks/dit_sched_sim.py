@@ -65,8 +65,8 @@ def calibrate(model: str, steps: int = 10) -> dict[int, dict[str, tuple[float, f
     from vllm_omni.diffusion.config import DiTConfig
     from vllm_omni.diffusion.engine_core import DiffusionEngineCore
 
-    core = DiffusionEngineCore(DiTConfig(model=model), "step")
-    dim = core.executor.pipe.transformer.config.joint_attention_dim
+    core = DiffusionEngineCore(DiTConfig(model=model), "step", "qwen_image")
+    dim = core.executor.runner.pipe.transformer.config.joint_attention_dim
     embeds = torch.randn(20, dim, generator=torch.Generator().manual_seed(0))
     count = 0
 

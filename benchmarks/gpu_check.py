@@ -195,7 +195,7 @@ def _requests(sizes: Sizes, text_width: int, dtype: torch.dtype) -> list[tuple[s
 
 def _run_stage(core, requests) -> tuple[dict[str, torch.Tensor], list[float], float]:
     """All requests at once through the stage's loop; results, per-step seconds, wall seconds."""
-    device = core.executor.device
+    device = core.executor.runner.device
     _sync(device)
     start = time.perf_counter()
     for request_id, embeds, params in requests:
@@ -244,7 +244,7 @@ def check_dit(sizes: Sizes, device: torch.device, dtype: torch.dtype, clock: Clo
         device=str(device),
         max_num_seqs=sizes.num_requests,
     )
-    core = DiffusionEngineCore(config, "step", pipe=pipe)
+    core = DiffusionEngineCore(config, "step", "qwen_image", pipe=pipe)
     requests = _requests(sizes, sizes.dit["joint_attention_dim"], dtype)
 
     # Warm-up (kernel selection, allocator) on one request of the same size, both paths.

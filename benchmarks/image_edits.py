@@ -7,7 +7,7 @@ the requests in flight together.
 The tiny Qwen-Image-Edit pipeline of the tests edits one seeded input picture for `--requests`
 prompts (seeds 0..n-1), at `--size` with `--steps` steps. The baseline is what a diffusers user
 writes: `pipe(image=..., prompt=..., ...)` for each request in turn, in this process, its text
-encoder given the model's image positions (vllm_omni.models.qwen_image_edit.reference). OmniLLM
+encoder given the model's image positions (vllm_omni.models.qwen_image.edit.reference). OmniLLM
 runs its built-in graph for the model: Qwen2.5-VL on vLLM, then the DiT step-batched with the
 image's VAE latents as conditioning. The two arms alternate
 (`benchmarks.common.alternate`) over `--pairs` pairs after a warm-up of each; reported: requests
@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from benchmarks.common import alternate, paired_ratio, write_result
-from vllm_omni.models.qwen_image_edit.reference import with_image_positions
+from vllm_omni.models.qwen_image.edit.reference import with_image_positions
 from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 
 PROMPTS = ["make it red", "add a hat", "turn it into a sketch", "make it night", "add rain"]

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The package's layering, checked statically (no vLLM import, no engine; well under a second).
+"""The package's layering, checked statically (no vLLM import, no engine; seconds).
 
 1. The import graph of `vllm_omni` has no cycles.
 2. No module imports a module of a higher layer (`LAYERS`, bottom to top).
-3. No model names (`MODEL_WORDS`) in the code outside the model-family folders
-   (`vllm_omni/models/<family>/`): the generic layers must not know which models exist.
+3. No model names (every registered family's `words`) in the code outside the model-family
+   folders (`vllm_omni/models/<family>/`): the generic layers must not know which models exist.
+4. No family imports another family: a family folder imports only itself, the shared modules
+   beside the families (`vllm_omni/models/<shared>`) and the layers below; so do the tests of a
+   family (`tests/models/<family>/`).
 
 What counts as an import edge, for 1 and 2: every `import` / `from ... import` of a `vllm_omni`
 module anywhere in a module (module level, inside functions, inside `try`), relative imports
@@ -33,7 +36,7 @@ PACKAGE_DIR = REPO / PACKAGE
 
 # Bottom to top. A module belongs to the layer of the longest prefix that matches it (a prefix
 # matches itself and its submodules; the bare package name matches only `vllm_omni/__init__.py`),
-# so `vllm_omni.models.registry` is a foundation although `vllm_omni.models` is on top.
+# so `vllm_omni.config.model_source` is a foundation although `vllm_omni.config` is above.
 # A module may import modules of its own layer and of the layers below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
@@ -41,8 +44,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "vllm_omni.logger",
             "vllm_omni.errors",
-            "vllm_omni.models.registry",
-            "vllm_omni.models.meta_modules",
+            "vllm_omni.registry",
+            "vllm_omni.meta_modules",
             "vllm_omni.platform",
             "vllm_omni.outputs",
             "vllm_omni.video_file",
@@ -69,9 +72,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("top", ("vllm_omni.models", "vllm_omni.demo")),
 ]
 
-# Model names that must appear only under vllm_omni/models/ (identifiers and string literals;
-# comments and docstrings may name models).
-MODEL_WORDS = ("qwen", "talker", "thinker", "code2wav", "voice", "token2wav")
 MODEL_FREE = (
     "vllm_omni/engine",
     "vllm_omni/diffusion",
@@ -355,9 +355,118 @@ def test_no_module_imports_a_higher_layer():
     )
 
 
+# ------------------------------------------------------------------------- families apart
+
+FAMILY_ROOTS = (f"{PACKAGE}.models.", "tests.models.")
+
+
+@cache
+def family_folders() -> frozenset[str]:
+    """The folders under vllm_omni/models/ that hold families (the registry's `FAMILY_PACKAGES`
+    up to their first dot); the other modules there are shared by families."""
+    from vllm_omni.registry import FAMILY_PACKAGES
+
+    return frozenset(package.split(".")[0] for package in FAMILY_PACKAGES)
+
+
+def family_of(module: str, folders: frozenset[str]) -> str | None:
+    """The family folder a module (of the package or of the tests) belongs to, if any."""
+    for root in FAMILY_ROOTS:
+        if module.startswith(root):
+            folder = module[len(root) :].split(".")[0]
+            return folder if folder in folders else None
+    return None
+
+
+def family_violations(imports: list[Edge], folders: frozenset[str]) -> list[str]:
+    """The imports, of package or test modules, that reach from one family into another."""
+    found = []
+    for e in imports:
+        source, target = family_of(e.source, folders), family_of(e.target, folders)
+        if source is not None and target is not None and source != target:
+            found.append(f"{e.source} (family {source}) imports {e.target}  [line {e.line}]")
+    return found
+
+
+def _test_imports() -> list[Edge]:
+    """The imports of the family test folders (tests/models/<family>/), as written."""
+    found = []
+    for path in sorted((REPO / "tests" / "models").rglob("*.py")):
+        module = _module_name(path)
+        collector = _ImportCollector(module, path.name == "__init__.py")
+        collector.visit(ast.parse(path.read_text(), filename=str(path)))
+        found += [Edge(module, f"{b}.{n}" if n else b, line) for b, n, line in collector.found]
+    return found
+
+
+def test_no_family_imports_another_family():
+    folders = family_folders()
+    violations = family_violations(list(edges()[0]) + _test_imports(), folders)
+    assert not violations, (
+        "imports from one model family into another (move what they share into a shared module "
+        "under vllm_omni/models/ or tests/helpers/, named for what it is):\n"
+        + "\n".join(violations)
+    )
+
+
+def test_a_planted_family_import_fails():
+    folders = frozenset({"wan", "qwen_image"})
+    planted = [
+        Edge("vllm_omni.models.wan.runner", "vllm_omni.models.qwen_image.runner", 3),
+        Edge("tests.models.wan.test_wan", "tests.models.qwen_image.edit.test_edit", 9),
+        Edge("vllm_omni.models.wan.runner", "vllm_omni.models.talker_common", 4),  # shared
+        Edge("vllm_omni.models.qwen_image.edit.runner", "vllm_omni.models.qwen_image.runner", 5),
+    ]
+    assert family_violations(planted, folders) == [
+        "vllm_omni.models.wan.runner (family wan) imports vllm_omni.models.qwen_image.runner  "
+        "[line 3]",
+        "tests.models.wan.test_wan (family wan) imports tests.models.qwen_image.edit.test_edit  "
+        "[line 9]",
+    ]
+
+
 # ----------------------------------------------------------------------------- model names
 
-_MODEL_WORD = re.compile("|".join(MODEL_WORDS), re.IGNORECASE)
+
+@cache
+def model_words() -> tuple[str, ...]:
+    """The model names the registered families declare (`ModelFamily.words`): they must appear
+    only under vllm_omni/models/ (identifiers and string literals; comments and docstrings may
+    name models)."""
+    from vllm_omni.registry import families
+
+    return tuple(sorted({word for family in families().values() for word in family.words}))
+
+
+def word_pattern(words: tuple[str, ...]) -> re.Pattern:
+    """A model word inside a token, in any case, standing as a word of its own: not inside a
+    longer lower-case word ("wan" is not in "allowances"), but at a camel-case hump
+    ("MyWanModel"), before digits ("Wan2") and in plural ("voices")."""
+    alternatives = "|".join(f"(?i:{re.escape(w)})" for w in words)
+    return re.compile(f"(?:(?<![a-z])|(?<=[a-z])(?=[A-Z]))(?:{alternatives})s?(?![a-z])")
+
+
+@cache
+def _model_word() -> re.Pattern:
+    return word_pattern(model_words())
+
+
+def test_every_specific_family_declares_its_words():
+    from vllm_omni.registry import ANY_PIPELINE, PLAIN_LM, families
+
+    silent = [n for n, f in families().items() if not f.words and n not in (ANY_PIPELINE, PLAIN_LM)]
+    assert not silent, f"families with no model words (ModelFamily.words): {silent}"
+    assert {"wan", "qwen", "talker"} <= set(model_words())
+
+
+def test_the_word_pattern_finds_names_not_letters():
+    pattern = word_pattern(("wan", "voice"))
+    found = ["WanPipeline", "MyWanModel", "wan2_2", "'Wan2.2'", "voices", "VOICE_ID", "a_wan"]
+    missed = ["allowances", "swan", "wanted", "invoice"]
+    assert all(pattern.search(t) for t in found), [t for t in found if not pattern.search(t)]
+    assert not any(pattern.search(t) for t in missed), [t for t in missed if pattern.search(t)]
+
+
 _NOT_CODE = {
     tokenize.COMMENT,
     tokenize.NL,
@@ -414,7 +523,7 @@ def model_words_in(path: Path) -> list[tuple[int, str]]:
     spans = _documentation_spans(ast.parse(source, filename=str(path)))
     hits = []
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type in _NOT_CODE or not _MODEL_WORD.search(token.string):
+        if token.type in _NOT_CODE or not _model_word().search(token.string):
             continue
         if any(start <= token.start and token.end <= end for start, end in spans):
             continue
@@ -426,7 +535,7 @@ def _shown(token: str) -> str:
     """The token, long string literals cut to the part around the first model name."""
     if len(token) <= 80:
         return token
-    match = _MODEL_WORD.search(token)
+    match = _model_word().search(token)
     start = max(0, match.start() - 30)
     return ("..." if start else "") + token[start : start + 70] + "..."
 
@@ -438,7 +547,7 @@ def test_no_model_names_outside_the_model_folders():
             if (_rel(path), token) not in MODEL_WORD_ALLOWED:
                 hits.append(f"{_rel(path)}:{line}: {_shown(token)}")
     assert not hits, (
-        f"model names ({', '.join(MODEL_WORDS)}) in code outside vllm_omni/models/<family>/ "
+        f"model names ({', '.join(model_words())}) in code outside vllm_omni/models/<family>/ "
         "(move the model-specific code into its family folder):\n" + "\n".join(hits)
     )
 
@@ -503,6 +612,12 @@ def test_cycle_finder():
     assert cycles_covering(two, ["a", "b", "c"]) == [["a", "b", "a"], ["a", "c", "a"]]
 
 
+def test_a_planted_model_word_fails(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('PIPELINE = "WanPipeline"\nallowances = talker_id = 1\n')
+    assert model_words_in(path) == [(1, '"WanPipeline"'), (2, "talker_id")]
+
+
 def test_model_word_scan_skips_comments_and_docstrings(tmp_path):
     path = tmp_path / "m.py"
     path.write_text(
@@ -521,7 +636,7 @@ def test_layers_match_as_documented():
     # The bare package matches only its __init__; the longest prefix wins.
     assert LAYERS[layer_of("vllm_omni")][0] == "foundations"
     assert layer_of("vllm_omni.nowhere") is None
-    assert LAYERS[layer_of("vllm_omni.models.registry")][0] == "foundations"
+    assert LAYERS[layer_of("vllm_omni.registry")][0] == "foundations"
     assert LAYERS[layer_of("vllm_omni.models.qwen_image.graph")][0] == "top"
     assert LAYERS[layer_of("vllm_omni.config.model_source")][0] == "foundations"
     assert LAYERS[layer_of("vllm_omni.config.stage_config")][0] == "config"

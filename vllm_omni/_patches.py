@@ -339,7 +339,7 @@ class Pinned:
 
 def all_pinned() -> list[Pinned]:
     """These, and what each model family relies on (its `pinned`)."""
-    from vllm_omni.models.registry import families
+    from vllm_omni.registry import families
 
     return _library_pinned() + [
         pin for family in families().values() if family.pinned for pin in family.pinned()

@@ -210,7 +210,7 @@ def run_edit(model: str, hub_cache: Path, out_dir: Path) -> bool:
     from PIL import Image
 
     from vllm_omni import DiffusionSamplingParams, OmniLLM
-    from vllm_omni.models.qwen_image_edit.reference import with_image_positions
+    from vllm_omni.models.qwen_image.edit.reference import with_image_positions
 
     image = Image.open(out_dir / "image-0.png")
     params = DiffusionSamplingParams(height=128, width=128, num_inference_steps=20, seed=0)

@@ -41,8 +41,8 @@ def register() -> None:
         from vllm import ModelRegistry
 
         from vllm_omni import _patches
-        from vllm_omni.models.registry import families
         from vllm_omni.platform.process_exit import skip_final_gc_in_child_processes
+        from vllm_omni.registry import families
 
         _patches.apply()
         skip_final_gc_in_child_processes()

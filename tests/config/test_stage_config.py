@@ -21,6 +21,7 @@ stages:
   - name: dit
     engine_type: DiT
     model: .
+    executor: qwen_image
     inputs: {prompt_embeds: enc.prompt_embeds}
     scheduler: fifo
     dit: {max_num_seqs: 4, num_threads: 1}
@@ -36,6 +37,10 @@ def _ar(name: str, **kw) -> dict:
     return {"name": name, "engine_type": "AR", "model": "/m", **kw}
 
 
+def _dit(name: str, **kw) -> dict:
+    return {"name": name, "engine_type": "DiT", "model": "/m", "executor": "z_image", **kw}
+
+
 def test_yaml_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "graph.yaml"
     path.write_text(YAML)
@@ -44,7 +49,7 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
     assert [s.name for s in graph.topological_order()] == ["enc", "dit"]
     enc, dit = graph["enc"], graph["dit"]
     assert enc.model == "/models/qi/text_encoder" and enc.scheduler == "default"
-    assert dit.scheduler == "fifo" and dit.executor == "diffusers"
+    assert dit.scheduler == "fifo" and dit.executor == "qwen_image"
     assert dit.dit_config().max_num_seqs == 4 and dit.dit_config().model == "/models/qi"
     assert [s.name for s in graph.final_stages] == ["dit"]
     # Relative paths default to the YAML file's folder.
@@ -66,14 +71,18 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
         ([_ar("a", inputs={"x": "b.y"}), _ar("b", inputs={"y": "a.x"})], r"has a cycle"),
         ([_ar("a", max_inflight=0)], r"stages\[0\]\.max_inflight: must be an integer >= 1"),
         (
-            [{"name": "d", "engine_type": "DiT", "model": "/m", "dit": {"max_num_seqs": 0}}],
+            [{**_dit("d"), "dit": {"max_num_seqs": 0}}],
             r"stages\[0\]\.dit\.max_num_seqs: must be an integer >= 1",
         ),
         (
-            [{"name": "d", "engine_type": "DiT", "model": "/m", "dit": {"steps": 3}}],
+            [{**_dit("d"), "dit": {"steps": 3}}],
             r"stages\[0\]\.dit\.steps: unknown field",
         ),
         ([_ar("a", dit={"max_num_seqs": 2})], r"stages\[0\]\.dit: only DiT stages"),
+        (
+            [{"name": "d", "engine_type": "DiT", "model": "/m"}],
+            r"stages\[0\]\.executor: a process stage names what it runs, one of .*'wan'",
+        ),
         ([], r"stages: at least one stage"),
     ],
 )

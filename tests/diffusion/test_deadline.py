@@ -169,7 +169,7 @@ def test_preempted_requests_make_the_same_images(tiny_models) -> None:
     with torch.inference_mode():
         embeds = {p: pipe.encode_prompt(p, device=torch.device("cpu"))[0][0] for p in ("a", "b")}
     config = DiTConfig(model=str(tiny_models["qwen-image"]), scheduling_policy="deadline")
-    core = DiffusionEngineCore(config, "step", pipe=pipe)
+    core = DiffusionEngineCore(config, "step", "qwen_image", pipe=pipe)
     large = DiffusionSamplingParams(height=96, width=96, num_inference_steps=6, seed=1)
     small = DiffusionSamplingParams(
         height=32, width=32, num_inference_steps=3, seed=2, deadline=time.time() + 60
@@ -218,7 +218,9 @@ def test_refusal_crosses_the_process_boundary_as_its_own_error() -> None:
         "latency_slo_ms: cannot be met",
     )
 
-    stage = ProcessStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
+    stage = ProcessStage(
+        StageConfig(name="dit", engine_type="DiT", model="unused", executor="qwen_image")
+    )
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()
@@ -271,7 +273,9 @@ def test_a_field_error_crosses_the_process_boundary_with_its_field() -> None:
     outbox = queue.Queue()
     assert _handle(RefusingCore(), ("add", "r1", ({}, DiffusionSamplingParams())), outbox)
     message = pickle.loads(pickle.dumps(outbox.get_nowait()))
-    stage = ProcessStage(StageConfig(name="dit", engine_type="DiT", model="unused"))
+    stage = ProcessStage(
+        StageConfig(name="dit", engine_type="DiT", model="unused", executor="qwen_image")
+    )
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()

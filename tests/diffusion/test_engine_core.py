@@ -38,7 +38,7 @@ def _run(core: DiffusionEngineCore, requests: dict) -> dict:
 
 @pytest.mark.parametrize("mode", ["step", "fifo"])
 def test_matches_diffusers(pipe, tiny_models, mode: str) -> None:
-    core = DiffusionEngineCore(DiTConfig(model=str(tiny_models["qwen-image"])), mode)
+    core = DiffusionEngineCore(DiTConfig(model=str(tiny_models["qwen-image"])), mode, "qwen_image")
     params = [
         DiffusionSamplingParams(height=64, width=64, num_inference_steps=3, seed=7),
         DiffusionSamplingParams(height=64, width=64, num_inference_steps=2, seed=8),

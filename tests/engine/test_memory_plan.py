@@ -21,7 +21,7 @@ from vllm_omni.engine.memory_plan import (
     parse_bytes,
     plan_memory,
 )
-from vllm_omni.models.meta_modules import on_meta
+from vllm_omni.meta_modules import on_meta
 
 from ..helpers.server import BIN
 

@@ -26,7 +26,7 @@ CASES = [
 
 
 def test_backend_and_resources_are_validated():
-    base = dict(name="dit", engine_type="DiT", model="/m")
+    base = dict(name="dit", engine_type="DiT", model="/m", executor="qwen_image")
     with pytest.raises(ValueError, match="backend: must be one of"):
         StageConfig(**base, backend="k8s")
     with pytest.raises(ValueError, match="resources.GPU: must be a number >= 0"):

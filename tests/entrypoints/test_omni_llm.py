@@ -169,10 +169,11 @@ stages:
   - name: denoise
     engine_type: DiT
     model: .
+    executor: qwen_image
     inputs:
       prompt_embeds: encoder.prompt_embeds
       negative_prompt_embeds: encoder.negative_prompt_embeds
-    scheduler: fifo   # whole diffusers calls, batched
+    scheduler: fifo   # whole requests, batched
     dit: {decode: false, max_num_seqs: 4}
     max_inflight: 2   # back-pressure: a third request waits in the orchestrator
   - name: decode

@@ -30,3 +30,13 @@ def audio_part(gen: torch.Generator, seconds: float = 1.0, rate: int = 16000):
     soundfile.write(wav, samples, rate, format="WAV", subtype="FLOAT")
     sound = {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}
     return samples, {"type": "input_audio", "input_audio": sound}
+
+
+def picture(seed: int, size: tuple[int, int] = (80, 64)):
+    """A smooth, seeded RGB picture (PIL image, width x height): an input image to edit."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
+    return Image.fromarray(coarse).resize(size, Image.BILINEAR)

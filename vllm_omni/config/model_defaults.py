@@ -2,7 +2,7 @@
 """A model's stage graph, so `OmniLLM(model)` needs no YAML.
 
 A model (a folder or a hub repo id, config/model_source.py) is recognised by its config files,
-and its family (vllm_omni.models.registry) gives the built-in graph: e.g. a diffusers
+and its family (vllm_omni.registry) gives the built-in graph: e.g. a diffusers
 `model_index.json` naming `QwenImagePipeline` is Qwen-Image (text encoder on vLLM -> DiT), a
 transformers `config.json` of model type `qwen2_5_omni` is Qwen2.5-Omni (thinker -> talker ->
 code2wav), any other `config.json` a plain language model (one AR stage).
@@ -16,11 +16,11 @@ from typing import Any
 
 from vllm_omni.config.model_source import CONFIG_FILES, default_files, fetch_model, model_path
 from vllm_omni.config.stage_config import StageGraph, apply_overrides
-from vllm_omni.models.registry import detect_family
+from vllm_omni.registry import detect_family
 
 
 def detect_model_type(model: str | Path, name: str | None = None) -> str:
-    """The family name of the checkpoint in folder `model` (vllm_omni.models.registry).
+    """The family name of the checkpoint in folder `model` (vllm_omni.registry).
     `name`: what the user typed, for errors (default: the folder)."""
     return detect_family(model, name).name
 

@@ -22,21 +22,21 @@ from typing import Any
 
 import yaml
 
+from vllm_omni import registry
 from vllm_omni.config.model_source import fetch_model, is_repo_id
 from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.scheduler import SCHEDULING_MODES
-from vllm_omni.models import registry
 
 Locate = Callable[[str], Path]
 
 ENGINE_TYPES = ("AR", "DiT")
 # Registered names, per engine type (process-stage executors and AR processors: the model
-# families', vllm_omni.models.registry).
+# families', vllm_omni.registry).
 SCHEDULERS = {"AR": ("default", "cpp"), "DiT": SCHEDULING_MODES}
 AR_EXECUTORS = ("auto", "mp", "uni", "ray")
 DEFAULT_SCHEDULER = {"AR": "default", "DiT": "step"}
 BACKENDS = ("local", "ray")
-DEFAULT_EXECUTOR = {"AR": "auto", "DiT": "diffusers"}
+DEFAULT_AR_EXECUTOR = "auto"
 
 
 def executors(engine_type: str) -> tuple[str, ...]:
@@ -78,8 +78,8 @@ class StageConfig:
     steps) or `fifo` (whole requests). Default: `default`, or `step` (`fifo` for executors that
     run whole requests)."""
     executor: str | None = None
-    """AR: vLLM's distributed executor backend (`auto`, `mp`, `uni`, `ray`); DiT: a registered
-    executor (`diffusers`, `vae_decoder`, `code2wav`). Default: `auto` / `diffusers`."""
+    """AR: vLLM's distributed executor backend (`auto`, `mp`, `uni`, `ray`; default `auto`);
+    DiT: a registered executor (`qwen_image`, `wan`, `vae_decoder`, `code2wav`, ...), required."""
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     """AR stages: vLLM engine arguments (`dtype`, `max_model_len`, ...; `cpp` for CPP's
     settings)."""
@@ -107,8 +107,13 @@ class StageConfig:
             raise ValueError(
                 f"engine_type: must be one of {ENGINE_TYPES}, got {self.engine_type!r}"
             )
+        if self.executor is None and self.engine_type == "AR":
+            object.__setattr__(self, "executor", DEFAULT_AR_EXECUTOR)
         if self.executor is None:
-            object.__setattr__(self, "executor", DEFAULT_EXECUTOR[self.engine_type])
+            raise ValueError(
+                f"executor: a process stage names what it runs, one of "
+                f"{executors(self.engine_type)}"
+            )
         if self.executor not in executors(self.engine_type):
             raise ValueError(
                 f"executor: {self.engine_type} stages take one of "

@@ -31,9 +31,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.diffusion.video_params import VideoSamplingParams
 
 POLICIES = ("fcfs", "deadline")
 EMA = 0.3  # weight of the newest measurement of a shape's row-step cost
@@ -44,10 +42,8 @@ class DeadlineUnreachable(Exception):
 
 
 def rows_of(request: DiTRequest) -> int:
-    """Transformer rows one step of `request` takes (two under classifier-free guidance)."""
-    params = request.params
-    guided = isinstance(params, (DiffusionSamplingParams, VideoSamplingParams)) and params.do_cfg
-    return 2 if guided else 1
+    """Transformer rows one step of `request` takes, as its parameters declare."""
+    return request.params.rows
 
 
 class StepCostModel:

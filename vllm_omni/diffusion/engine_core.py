@@ -31,7 +31,7 @@ from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiffusionScheduler, DiTSchedulerConfig
 from vllm_omni.logger import init_logger
-from vllm_omni.models.registry import executor_kind
+from vllm_omni.registry import executor_kind
 
 logger = init_logger(__name__)
 
@@ -42,9 +42,7 @@ class DiffusionEngineCore:
     """`executor`: a registered executor name (a stage's `executor:`). `pipe`: an already built
     pipeline instead of `config.model`, for executors that take one."""
 
-    def __init__(
-        self, config: DiTConfig, mode: str = "step", executor: str = "diffusers", pipe=None
-    ) -> None:
+    def __init__(self, config: DiTConfig, mode: str, executor: str, pipe=None) -> None:
         self.config = config
         self.cache = DiTCacheManager(DiTCacheConfig(config.cache_max_bytes, config.cache_ttl_s))
         self.executor = executor_kind(executor).build(config, self.cache, pipe)

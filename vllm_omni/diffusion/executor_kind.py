@@ -23,8 +23,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
+from PIL import Image
 
-from vllm_omni.diffusion.params import DiffusionSamplingParams, validate_image_params
+from vllm_omni.diffusion.params import (
+    INPUT_IMAGES,
+    DiffusionSamplingParams,
+    validate_image_params,
+)
+from vllm_omni.diffusion.video_params import VideoSamplingParams, resolve_video
 from vllm_omni.errors import FieldError
 
 if TYPE_CHECKING:
@@ -55,17 +61,26 @@ class ImageStageInfo(StageInfo):
 
 @dataclass(frozen=True)
 class VideoStageInfo(StageInfo):
-    """A stage that makes videos: its default (frames, height, width), what height and width
-    must divide by, what frame counts must be (`frame_step` k + 1), whether it animates an input
-    image (image-to-video) and has two experts (high- and low-noise transformers), and its
-    pipeline class."""
+    """A stage that makes videos, as its family declares it: its default (frames, height,
+    width) and frame rate, what height and width must divide by, what frame counts must be
+    (`frame_step` k + 1, at most `max_frames`), whether it animates an input image
+    (image-to-video), how many experts split its denoising steps (2: a high- and a low-noise
+    transformer, each with its own guidance scale), and its pipeline class (for errors)."""
 
     default_shape: tuple[int, int, int]
     size_multiple: int
     frame_step: int
+    default_fps: float
     image_to_video: bool
-    two_experts: bool
     pipeline_class: str
+    num_experts: int = 1
+    max_frames: int = 1001
+
+    def __post_init__(self) -> None:
+        if self.frame_step < 1:
+            raise ValueError(f"frame_step: must be >= 1, got {self.frame_step}")
+        if self.num_experts not in (1, 2):
+            raise ValueError(f"num_experts: must be 1 or 2, got {self.num_experts}")
 
 
 class ProcessParams(Protocol):
@@ -79,6 +94,12 @@ class ProcessParams(Protocol):
     @property
     def total_steps(self) -> int:
         """Engine steps the request takes in step mode (denoising steps)."""
+        ...
+
+    @property
+    def rows(self) -> int:
+        """Model rows one of its steps takes (1, and 1 more per guidance branch): what the
+        deadline policy prices a step by."""
         ...
 
     def step_key(self, inputs: Mapping[str, Any]) -> Hashable:
@@ -202,3 +223,41 @@ class ImageKind(ExecutorKind):
         if isinstance(result, np.ndarray) and result.dtype != np.uint8:
             return {"latents": as_tensor(result)}
         return {"image": result}
+
+
+class VideoKind(ExecutorKind):
+    """An executor that makes videos (a stage whose info is a VideoStageInfo), with
+    VideoSamplingParams: the negative prompt, an image-to-video stage's first frame, frames,
+    size, rate and seed filled in from what the stage declares, `{"video", "fps"}` out.
+    Families subclass it with their `name` and `build` (or `StepwiseKind`'s `runner`)."""
+
+    params_type = VideoSamplingParams
+    request_options = ("negative_prompt", INPUT_IMAGES)
+
+    def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
+        """The negative prompt; image-to-video's first frame, which it needs (one image)."""
+        assert isinstance(info, VideoStageInfo), info
+        params = params or VideoSamplingParams()
+        negative = inputs.get("negative_prompt")
+        if negative is not None and isinstance(params, VideoSamplingParams):
+            params = replace(params, negative_prompt=negative)
+        image = inputs.get(INPUT_IMAGES)
+        if image is None:
+            if info.image_to_video:
+                raise FieldError(
+                    INPUT_IMAGES, f"{info.pipeline_class} animates an image: give the first frame"
+                )
+            return params
+        if not info.image_to_video:
+            raise FieldError(INPUT_IMAGES, f"{info.pipeline_class} takes no input image")
+        images = image if isinstance(image, list) else [image]
+        if len(images) != 1 or not isinstance(images[0], Image.Image):
+            raise FieldError(INPUT_IMAGES, "must be one PIL image (the first frame)")
+        return params
+
+    def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
+        assert isinstance(info, VideoStageInfo), info
+        return resolve_video(params, stage, scheduler, info)
+
+    def outputs(self, result: Any, info: StageInfo) -> dict[str, Any]:
+        return {"video": result["video"], "fps": result["fps"]}

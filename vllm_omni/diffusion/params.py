@@ -12,6 +12,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from PIL import Image
+
 from vllm_omni.errors import FieldError
 
 INPUT_IMAGES = "image"
@@ -92,6 +94,12 @@ class DiffusionSamplingParams:
     @property
     def total_steps(self) -> int:
         return self.num_inference_steps
+
+    @property
+    def rows(self) -> int:
+        """Transformer rows one step takes: the prompt's, and the negative prompt's under
+        guidance."""
+        return 2 if self.do_cfg else 1
 
     def step_key(self, inputs: Mapping[str, Any]) -> Hashable:
         """Equal image sizes share a transformer call, whatever their step, prompt or guidance;
@@ -189,3 +197,16 @@ def is_finite(value: Any) -> bool:
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_input_images(value: Any, pipeline_class: str, limit: int) -> list[Image.Image]:
+    """A request's input images as a list, or ValueError naming the field."""
+    images = value if isinstance(value, list) else [value]
+    if not images or not all(isinstance(image, Image.Image) for image in images):
+        raise FieldError(INPUT_IMAGES, "must be a PIL image or a non-empty list of them")
+    if len(images) > limit:
+        raise FieldError(
+            INPUT_IMAGES,
+            f"{pipeline_class} takes at most {limit} input image(s), got {len(images)}",
+        )
+    return images

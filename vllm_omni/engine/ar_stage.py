@@ -25,7 +25,7 @@ from vllm_omni.engine.kv_sizing import one_step_kv_cache_bytes
 from vllm_omni.engine.stage_processor import Generator, PromptEncoder, StageProcessor
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
-from vllm_omni.models.registry import processors
+from vllm_omni.registry import processors
 
 logger = init_logger(__name__)
 

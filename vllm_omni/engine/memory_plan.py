@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A memory plan for a stage graph at real sizes, from config files only.
 
-Each stage's modules are built on the meta device (vllm_omni.models.meta_modules) and counted:
+Each stage's modules are built on the meta device (vllm_omni.meta_modules) and counted:
 
 - weights: parameters x the dtype's bytes;
 - KV cache (AR stages): what vLLM's cache needs for `max_num_seqs` sequences of
@@ -131,7 +131,7 @@ def parse_bytes(text: str) -> int:
 
 def stage_modules(graph: StageGraph, stage: StageConfig) -> list:
     """The modules `stage` holds, on the meta device."""
-    from vllm_omni.models.meta_modules import diffusers_components, transformers_stage
+    from vllm_omni.meta_modules import diffusers_components, transformers_stage
 
     folder = Path(stage.model)
     if (folder / "model_index.json").is_file():
@@ -194,7 +194,7 @@ def sizing_engine_args(stage: StageConfig) -> dict[str, Any]:
     """The engine arguments of an AR stage that size its memory: the stage's own over a prompt
     encoder's defaults (it runs as a pooling model, with a context of its own)."""
     from vllm_omni.engine.stage_processor import PromptEncoder
-    from vllm_omni.models.registry import processors
+    from vllm_omni.registry import processors
 
     processor = processors()[stage.processor](stage) if stage.processor else None
     defaults = processor.engine_defaults() if isinstance(processor, PromptEncoder) else {}

@@ -30,8 +30,8 @@ from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.engine.stage_process import start_stage_process
 from vllm_omni.logger import init_logger
-from vllm_omni.models.registry import executor_kind
 from vllm_omni.platform.cpu_defaults import malloc_env_defaults
+from vllm_omni.registry import executor_kind
 
 logger = init_logger(__name__)
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stage processors: what an AR stage feeds its vLLM engine and what it passes downstream.
 
-Model families register them by name (a stage's `processor:`, vllm_omni.models.registry). Two
+Model families register them by name (a stage's `processor:`, vllm_omni.registry). Two
 kinds:
 
 - `PromptEncoder`: the engine runs a text encoder as a pooling model; the processor wraps the
@@ -112,4 +112,4 @@ class Generator:
 
 
 StageProcessor = PromptEncoder | Generator
-"""What a stage's `processor:` names (vllm_omni.models.registry.processors())."""
+"""What a stage's `processor:` names (vllm_omni.registry.processors())."""

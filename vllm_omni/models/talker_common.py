@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the talker stages of the Omni families share: reading rows of the thinker's embedding
-table, the thinker's finished output as a one-item stream, and the seeds of talker segments.
+table, the thinker's finished output as a one-item stream, the seeds of talker segments, and
+the M-RoPE positions of talker tokens after a thinker prompt (`talker_positions`).
 
 A talker speaks in segments, each a vLLM request that continues the one before it (the family's
 `talker.py`); seeded sampling draws anew in every request, so each segment seeds its own draws
@@ -52,3 +53,19 @@ def segment_seed(seed: int, segment: int) -> int:
 async def finished_thinker(inputs: dict[str, Any]):
     """The thinker's finished outputs as the one item of a stage stream."""
     yield {k: inputs.get(k) for k in ("thinker_states", "prompt_token_ids")}, True
+
+
+def talker_positions(table: torch.Tensor | None, start: int, n: int) -> torch.Tensor:
+    """[3, n] M-RoPE positions of talker tokens start .. start + n - 1, as transformers' talker
+    computes them: the thinker prompt's rope index `table` ([3, prompt]) for the prompt, then
+    each later token one past the previous on all three axes (index + the prompt's rope delta).
+    Without a table: plain 1-D positions on all three axes."""
+    index = torch.arange(start, start + n)
+    if table is None:
+        return index.expand(3, n).clone()
+    prompt = table.shape[1]
+    delta = int(table.max()) + 1 - prompt if prompt else 0
+    positions = (index + delta).expand(3, n).clone()
+    inside = index < prompt
+    positions[:, inside] = table[:, index[inside]]
+    return positions

@@ -31,7 +31,7 @@ BUILTIN_HOOKS: dict[str, Callable[[], type]] = {"cpp": _cpp, "hidden_states": _h
 
 
 def hook_class(name: str) -> type:
-    from vllm_omni.models.registry import worker_hooks
+    from vllm_omni.registry import worker_hooks
 
     known = {**BUILTIN_HOOKS, **worker_hooks()}
     if name not in known:

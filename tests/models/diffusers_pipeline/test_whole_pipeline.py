@@ -109,7 +109,7 @@ def test_an_editing_pipeline_served_whole_equals_its_own_call(tiny_models):
     that names the whole-pipeline executor (its family's graph runs it in stages instead)."""
     from diffusers import DiffusionPipeline
 
-    from ..qwen_image_edit.test_edit import picture
+    from ...helpers.media import picture
 
     folder = tiny_models["qwen-image-edit"]
     graph = whole_pipeline_graph("qwen_image_edit", "diffusers_pipeline")

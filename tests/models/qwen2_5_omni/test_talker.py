@@ -7,11 +7,8 @@ from __future__ import annotations
 import torch
 
 from vllm_omni.models.qwen2_5_omni.talker import TalkerSpecials, talker_input
-from vllm_omni.models.qwen2_5_omni.talker_worker import (
-    decode_payload,
-    encode_payload,
-    talker_positions,
-)
+from vllm_omni.models.qwen2_5_omni.talker_worker import decode_payload, encode_payload
+from vllm_omni.models.talker_common import talker_positions
 
 # A 6-token thinker prompt: two text tokens, a 1x2x2 image grid after merging (t fixed, h and w
 # vary), two text tokens resuming after the image's largest position.

@@ -6,8 +6,8 @@ import pytest
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.errors import FieldError
-from vllm_omni.models.qwen_image.executors import REFUSES
 from vllm_omni.models.qwen_image.kinds import QwenImageDiT
+from vllm_omni.models.qwen_image.runner import REFUSES
 
 INFO = ImageStageInfo(default_size=(128, 128), size_multiple=16, refuses=REFUSES)
 

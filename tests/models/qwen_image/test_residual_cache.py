@@ -41,7 +41,7 @@ def embeds(pipe):
 
 def _core(pipe, tiny_models, policy=POLICY) -> DiffusionEngineCore:
     config = DiTConfig(model=str(tiny_models["qwen-image"]), residual_cache=policy)
-    return DiffusionEngineCore(config, "step", pipe=pipe)
+    return DiffusionEngineCore(config, "step", "qwen_image", pipe=pipe)
 
 
 def _requests(embeds) -> dict[str, tuple]:
@@ -115,7 +115,7 @@ def test_all_rows_computing_is_the_transformer_forward(pipe, embeds):
     """Every row computing (the last warm-up step): exactly the operations of the transformer's
     forward, and the residuals kept for the next step."""
     from vllm_omni.diffusion.cache_manager import DiTCacheEntry
-    from vllm_omni.models.qwen_image.model_runner import pad_text
+    from vllm_omni.models.qwen_image.runner import pad_text
 
     t = pipe.transformer
     text, mask = pad_text([e[None] for e in embeds[:3]])
@@ -172,6 +172,7 @@ def test_settings_are_validated_naming_the_field():
             name="dit",
             engine_type="DiT",
             model="m",
+            executor="qwen_image",
             scheduler="fifo",
             dit={"residual_cache": {"threshold": 0.2}},
         )

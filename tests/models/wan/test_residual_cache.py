@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.residual_cache import ResidualCacheConfig, RowGroup
+from vllm_omni.diffusion.step_loop import StepwiseExecutor
 from vllm_omni.diffusion.video_params import VideoSamplingParams
 from vllm_omni.models.wan.cached_forward import WanCachedForward
 from vllm_omni.models.wan.runner import WanRunner
@@ -28,8 +30,9 @@ def load(folder):
 
 def run(pipe, thresholds: list[float | None], stage: ResidualCacheConfig | None = None):
     """Videos of requests in flight together (one per threshold) and the runner."""
-    cache = DiTCacheManager()
-    runner = WanRunner(pipe, cache, torch.device("cpu"), False, stage)
+    config = DiTConfig(model="unused", residual_cache=stage)
+    runner = WanRunner(pipe, config, torch.device("cpu"))
+    loop = StepwiseExecutor(config, DiTCacheManager(), runner)
     requests = [
         DiTRequest(
             f"r{i}",
@@ -45,10 +48,10 @@ def run(pipe, thresholds: list[float | None], stage: ResidualCacheConfig | None 
         )  # fmt: skip
         for i, threshold in enumerate(thresholds)
     ]
-    runner.prepare(requests)
+    loop.prepare(requests)
     for _ in range(12):
-        runner.denoise_step(requests)
-    videos = runner.decode(requests)
+        loop.denoise_step(requests)
+    videos = loop.decode(requests)
     return [videos[r.request_id]["video"] for r in requests], runner
 
 

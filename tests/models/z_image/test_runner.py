@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Z-Image's DiT executor in this process, fed the embeddings transformers' encoder gives (the
-rows the pipeline reads: hidden_states[-2]): step-wise and whole-request runs both make
-`ZImagePipeline`'s images, whatever the requests run beside them."""
+"""Z-Image's DiT stage (the framework's step loop over ZImageRunner) in this process, fed the
+embeddings transformers' encoder gives (the rows the pipeline reads: hidden_states[-2]):
+step-wise and whole-request runs both make `ZImagePipeline`'s images, whatever the requests run
+beside them."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ import torch
 
 from vllm_omni.diffusion.cache_manager import DiTCacheManager
 from vllm_omni.diffusion.config import DiTConfig
-from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTSchedulerOutput
-from vllm_omni.models.z_image.executor import ZImageExecutor
+from vllm_omni.models.z_image.kinds import ZImageDiT, ZImageSamplingParams
 
 from ...helpers.diffusers_reference import max_pixel_diff, pipeline_image
 
@@ -27,7 +27,7 @@ def pipe(tiny_models):
     return pipe
 
 
-def _request(pipe, rid: str, prompt: str, p: DiffusionSamplingParams) -> DiTRequest:
+def _request(pipe, rid: str, prompt: str, p: ZImageSamplingParams) -> DiTRequest:
     with torch.inference_mode():
         embeds, negative = pipe.encode_prompt(
             prompt, do_classifier_free_guidance=p.guidance_scale > 0, negative_prompt=""
@@ -40,12 +40,13 @@ def _request(pipe, rid: str, prompt: str, p: DiffusionSamplingParams) -> DiTRequ
 
 @pytest.mark.parametrize("mode", ["step", "fifo"])
 def test_the_executor_makes_the_pipelines_images(tiny_models, pipe, mode):
-    executor = ZImageExecutor(DiTConfig(model=str(tiny_models["z-image"])), DiTCacheManager())
+    config = DiTConfig(model=str(tiny_models["z-image"]))
+    executor = ZImageDiT().build(config, DiTCacheManager(), pipe)
     params = {
-        "a": DiffusionSamplingParams(
+        "a": ZImageSamplingParams(
             height=32, width=32, num_inference_steps=3, seed=0, guidance_scale=4.0
         ),
-        "b": DiffusionSamplingParams(
+        "b": ZImageSamplingParams(
             height=32, width=32, num_inference_steps=2, seed=1, guidance_scale=0.0
         ),
     }

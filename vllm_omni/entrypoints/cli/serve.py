@@ -205,7 +205,7 @@ def server_config(args: argparse.Namespace):
     the graph's AR stages are passed on to them as stage overrides."""
     from vllm_omni.config.model_defaults import resolve_stage_graph
     from vllm_omni.entrypoints.openai.api_server import ServerConfig
-    from vllm_omni.models.registry import executor_kind
+    from vllm_omni.registry import executor_kind
 
     try:
         graph = resolve_stage_graph(

@@ -4,7 +4,7 @@
     vllm serve path/to/Qwen-Image --omni        (or: vllm-omni serve path/to/Qwen-Image)
 
 Routes: GET /v1/models, GET /health, GET /metrics, and the routes of what the graph makes -
-its model family's API adapter where it has one (vllm_omni.models.registry), else the server's
+its model family's API adapter where it has one (vllm_omni.registry), else the server's
 own for its outputs (images: POST /v1/images/generations and /v1/chat/completions, images.py;
 video: the /v1/videos job API, videos.py).
 `--api-key` guards every route. Bad input gets HTTP 400 with an OpenAI-style error body naming
@@ -34,7 +34,7 @@ from vllm_omni.entrypoints.openai.metrics import OmniMetrics
 from vllm_omni.entrypoints.openai.protocol import error_body
 from vllm_omni.entrypoints.openai.server_utils import OmniServer, bad_request
 from vllm_omni.logger import init_logger
-from vllm_omni.models.registry import families
+from vllm_omni.registry import families
 
 logger = init_logger(__name__)
 

@@ -12,7 +12,8 @@ import math
 
 from pydantic import Field, field_validator
 
-from vllm_omni.diffusion.video_params import DEFAULT_FPS, FRAME_STEP, VideoSamplingParams
+from vllm_omni.diffusion.executor_kind import VideoStageInfo
+from vllm_omni.diffusion.video_params import VideoSamplingParams
 from vllm_omni.entrypoints.openai.protocol import (
     MAX_SEED,
     NON_BLANK_PATTERN,
@@ -39,18 +40,19 @@ class VideoCreateRequest(StrictBody):
     )
     seconds: str | None = Field(
         None,
-        description="Duration, e.g. '4': num_frames is seconds x fps rounded to 4k + 1 (unless "
-        "num_frames is given). Default: the model's frame count.",
+        description="Duration, e.g. '4': num_frames is seconds x fps rounded to a multiple of "
+        "`x-frame-step` (the model's) plus 1, unless num_frames is given. Default: the model's "
+        "frame count.",
         json_schema_extra=_on_string(pattern=SECONDS_PATTERN),
     )
     num_frames: int | None = Field(
         None,
         ge=1,
-        description="Frames to make: 4k + 1 (1, 5, 9, ..., 81), at most the server's "
-        "--max-video-frames. Overrides seconds.",
+        description="Frames to make: a multiple of `x-frame-step` (the model's) plus 1, at most "
+        "the server's --max-video-frames. Overrides seconds.",
     )
     fps: float | None = Field(
-        None, gt=0, le=120, allow_inf_nan=False, description="Playback rate (default 16)"
+        None, gt=0, le=120, allow_inf_nan=False, description="Playback rate (default: the model's)"
     )
     seed: int | None = Field(None, ge=0, lt=MAX_SEED)
     num_inference_steps: int | None = Field(
@@ -66,7 +68,8 @@ class VideoCreateRequest(StrictBody):
         None,
         ge=0,
         allow_inf_nan=False,
-        description="The low-noise expert's guidance scale (two-expert models: Wan2.2)",
+        description="The second (low-noise) expert's guidance scale, for models whose "
+        "denoising steps two experts split",
     )
     cache_threshold: float | None = Field(
         None,
@@ -96,12 +99,13 @@ class VideoCreateRequest(StrictBody):
             SECONDS_PATTERN, value, "must be a positive number of seconds, e.g. '4' or '2.5'"
         )
 
-    def sampling_params(self) -> VideoSamplingParams:
-        """The video's parameters (FieldError naming a field the stage cannot take)."""
-        fps = self.fps or DEFAULT_FPS
+    def sampling_params(self, info: VideoStageInfo) -> VideoSamplingParams:
+        """The video's parameters for the stage `info` declares (FieldError naming a field the
+        stage cannot take)."""
+        fps = self.fps or info.default_fps
         frames = self.num_frames
         if frames is None and self.seconds is not None:
-            frames = frames_for(float(self.seconds), fps)
+            frames = frames_for(float(self.seconds), fps, info.frame_step)
         width, height = map(int, self.size.split("x")) if self.size else (None, None)
         values = {
             "height": height,
@@ -119,6 +123,6 @@ class VideoCreateRequest(StrictBody):
         return VideoSamplingParams(**{k: v for k, v in values.items() if v is not None})
 
 
-def frames_for(seconds: float, fps: float) -> int:
-    """The 4k + 1 frame count nearest to `seconds` at `fps` (at least 1)."""
-    return FRAME_STEP * max(0, math.floor(seconds * fps / FRAME_STEP + 0.5)) + 1
+def frames_for(seconds: float, fps: float, step: int) -> int:
+    """The frame count `step` k + 1 nearest to `seconds` at `fps` (at least 1)."""
+    return step * max(0, math.floor(seconds * fps / step + 0.5)) + 1

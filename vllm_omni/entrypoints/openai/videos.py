@@ -73,8 +73,9 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
     async def create(request: Request):
         try:
             body, image = await _read_form(request, server.config.max_pixels)
-            inputs, by_stage = _prepare(server, body, image)
-            resolved = next(p for p in by_stage.values() if isinstance(p, VideoSamplingParams))
+            stage, info = _video_stage(server)
+            inputs, by_stage = _prepare(server, body, info, image)
+            resolved = by_stage[stage]
             _check_limits(resolved, server)
             job = jobs().create(
                 server.model_name,
@@ -149,13 +150,21 @@ def _not_found(video_id: str | None, param: str = "video_id") -> JSONResponse:
     return JSONResponse(error_body(message, param, code=404), 404)
 
 
-def _prepare(server: OmniServer, body: VideoCreateRequest, image: Any) -> tuple[dict, dict]:
+def _video_stage(server: OmniServer) -> tuple[str, VideoStageInfo]:
+    """The stage that makes the video, and what it declares (frame step, rate, experts)."""
+    infos = server.omni.stage_info().items()
+    return next((name, i) for name, i in infos if isinstance(i, VideoStageInfo))
+
+
+def _prepare(
+    server: OmniServer, body: VideoCreateRequest, info: VideoStageInfo, image: Any
+) -> tuple[dict, dict]:
     """The request as `AsyncOmniLLM.prepare` takes it; errors name the form's fields."""
     prompt: dict[str, Any] = {"prompt": body.prompt}
     if image is not None:
         prompt[INPUT_IMAGES] = image
     try:
-        return server.omni.prepare(prompt, body.sampling_params())
+        return server.omni.prepare(prompt, body.sampling_params(info))
     except FieldError as e:
         if e.field in FORM_FIELD:
             raise FieldError(FORM_FIELD[e.field], e.message) from None
@@ -243,7 +252,7 @@ def _schema_limits(schema: dict[str, Any], server: OmniServer) -> None:
             form["required"] = ["prompt", FILE_FIELD]
         else:
             del properties[FILE_FIELD]
-        if not info.two_experts:
+        if info.num_experts < 2:
             del properties["guidance_scale_2"]
     _set(properties["size"], size)
     _set(properties["num_frames"], frames)

@@ -6,7 +6,7 @@ call."""
 from vllm_omni.models.diffusers_pipeline.graph import stage_graph
 from vllm_omni.models.diffusers_pipeline.kinds import WholePipelineKind
 from vllm_omni.models.diffusers_pipeline.signature import check_text_to_image
-from vllm_omni.models.registry import ANY_PIPELINE, ModelFamily
+from vllm_omni.registry import ANY_PIPELINE, ModelFamily
 
 FAMILY = ModelFamily(
     name=ANY_PIPELINE,

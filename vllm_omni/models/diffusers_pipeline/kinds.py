@@ -8,10 +8,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from PIL import Image
-
 from vllm_omni.diffusion.executor_kind import ImageKind, StageInfo
-from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.params import DiffusionSamplingParams, check_input_images
 from vllm_omni.errors import FieldError
 from vllm_omni.models.diffusers_pipeline.info import PipelineStageInfo
 from vllm_omni.models.diffusers_pipeline.signature import IMAGE_ARG
@@ -61,18 +59,6 @@ class WholePipelineKind(ImageKind):
 
     def prompt_inputs(self, params: Any) -> dict[str, Any]:
         return {}  # the pipeline encodes its prompts itself
-
-
-def check_input_images(value: Any, pipeline_class: str, limit: int) -> list[Image.Image]:
-    """A request's input images as a list, or ValueError naming the field."""
-    images = value if isinstance(value, list) else [value]
-    if not images or not all(isinstance(image, Image.Image) for image in images):
-        raise FieldError(IMAGE_ARG, "must be a PIL image or a non-empty list of them")
-    if len(images) > limit:
-        raise FieldError(
-            IMAGE_ARG, f"{pipeline_class} takes at most {limit} input image(s), got {len(images)}"
-        )
-    return images
 
 
 def edit_size(

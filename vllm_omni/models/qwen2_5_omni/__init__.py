@@ -3,11 +3,11 @@
 
 from vllm_omni.models.qwen2_5_omni.graph import stage_graph
 from vllm_omni.models.qwen2_5_omni.kinds import Code2WavKind
-from vllm_omni.models.registry import ModelFamily
+from vllm_omni.registry import ModelFamily
 
 
 def _thinker(config):
-    from vllm_omni.models.qwen2_5_omni.thinker import ThinkerGenerator
+    from vllm_omni.models.omni_thinker import ThinkerGenerator
 
     return ThinkerGenerator()
 
@@ -71,6 +71,7 @@ FAMILY = ModelFamily(
         "code2wav": ("Qwen2_5OmniToken2WavModel", "token2wav_config"),
     },
     repos=("Qwen/Qwen2.5-Omni-7B", "Qwen/Qwen2.5-Omni-3B"),
+    words=("qwen", "thinker", "talker", "token2wav", "code2wav", "voice"),
     processors={"qwen25_omni_thinker": _thinker, "qwen25_omni_talker": _talker},
     executors=(Code2WavKind(),),
     worker_hooks={"qwen25_omni_talker": _talker_hook},

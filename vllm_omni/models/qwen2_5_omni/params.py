@@ -78,6 +78,11 @@ class Code2WavParams:
     def total_steps(self) -> int:
         return self.num_steps
 
+    @property
+    def rows(self) -> int:
+        """Rows of one solver step: the unconditional one too under guidance (code2wav.py)."""
+        return 2 if self.guidance_scale >= 1e-5 else 1
+
     def step_key(self, inputs: Mapping[str, Any]) -> Hashable:
         return self.call_key(inputs)
 

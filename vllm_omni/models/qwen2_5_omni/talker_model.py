@@ -21,7 +21,7 @@ vLLM's Qwen2 attention, deriving head_dim from hidden / heads, cannot load).
 Positions: transformers gives the talker 3-D M-RoPE positions, the thinker prompt's own rope index
 (image and video tokens get temporal/height/width positions; text and audio tokens the same value
 on all three), then one per token after it. The talker worker hands the forward those [3, tokens]
-positions (`vllm_omni.models.qwen2_5_omni.talker_worker.talker_positions`) and the decoder
+positions (`vllm_omni.models.talker_common.talker_positions`) and the decoder
 layers rotate with M-RoPE.
 vLLM itself is told nothing of M-RoPE (`mrope_section` moves out of `rope_parameters`): its runner
 would otherwise compute the positions from the request's own multimodal inputs, and a talker

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from vllm.distributed.parallel_state import get_pp_group
 
+from vllm_omni.models.talker_common import talker_positions
 from vllm_omni.worker.hidden_states import scheduled_spans
 from vllm_omni.worker.hooks import PassThroughHook
 
@@ -55,22 +56,6 @@ def decode_payload(payload: dict[str, Any]) -> tuple[torch.Tensor, int, torch.Te
         table = np.frombuffer(payload["positions"], dtype=np.int64)
         positions = torch.from_numpy(table.reshape(payload["positions_shape"]).copy())
     return torch.from_numpy(array.copy()), int(payload["codec_from"]), positions
-
-
-def talker_positions(table: torch.Tensor | None, start: int, n: int) -> torch.Tensor:
-    """[3, n] M-RoPE positions of talker tokens start .. start + n - 1, as transformers' talker
-    computes them: the thinker prompt's rope index `table` ([3, prompt]) for the prompt, then
-    each later token one past the previous on all three axes (index + the prompt's rope delta).
-    Without a table: plain 1-D positions on all three axes."""
-    index = torch.arange(start, start + n)
-    if table is None:
-        return index.expand(3, n).clone()
-    prompt = table.shape[1]
-    delta = int(table.max()) + 1 - prompt if prompt else 0
-    positions = (index + delta).expand(3, n).clone()
-    inside = index < prompt
-    positions[:, inside] = table[:, index[inside]]
-    return positions
 
 
 class TalkerConditioningHook(PassThroughHook):

@@ -3,7 +3,7 @@
 
 from vllm_omni.models.qwen3_omni.code2wav import Qwen3Code2WavKind
 from vllm_omni.models.qwen3_omni.graph import stage_graph
-from vllm_omni.models.registry import ModelFamily
+from vllm_omni.registry import ModelFamily
 
 
 def _thinker(config):
@@ -74,6 +74,7 @@ FAMILY = ModelFamily(
         "Qwen/Qwen3-Omni-30B-A3B-Thinking",
         "Qwen/Qwen3-Omni-30B-A3B-Captioner",
     ),
+    words=("qwen", "thinker", "talker", "code2wav", "voice"),
     processors={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     executors=(Qwen3Code2WavKind(),),
     worker_hooks={"qwen3_omni_thinker": _thinker_hook, "qwen3_omni_talker": _talker_hook},

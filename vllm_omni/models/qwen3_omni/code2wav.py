@@ -55,6 +55,10 @@ class Qwen3Code2WavParams:
     def total_steps(self) -> int:
         return 1
 
+    @property
+    def rows(self) -> int:
+        return 1
+
     def step_key(self, inputs: Mapping[str, Any]) -> Hashable:
         return self.call_key(inputs)
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from vllm.v1.outputs import ModelRunnerOutput
 
-from vllm_omni.models.qwen2_5_omni.talker_worker import talker_positions
 from vllm_omni.models.qwen3_omni.talker_model import TalkerStep
+from vllm_omni.models.talker_common import talker_positions
 from vllm_omni.worker.hidden_states import scheduled_spans
 from vllm_omni.worker.hooks import PassThroughHook
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_omni.models.qwen2_5_omni.thinker import ThinkerGenerator
+from vllm_omni.models.omni_thinker import ThinkerGenerator
 from vllm_omni.worker.hidden_states import HiddenStatesHook
 
 THINKER_HOOK = "qwen3_omni_thinker"

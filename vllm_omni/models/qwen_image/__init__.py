@@ -4,7 +4,7 @@
 from vllm_omni.models.qwen_image.graph import stage_graph
 from vllm_omni.models.qwen_image.kinds import QwenImageDiT, QwenImageVAEDecoder
 from vllm_omni.models.qwen_image.prompt import prompt_encoder
-from vllm_omni.models.registry import ModelFamily
+from vllm_omni.registry import ModelFamily
 
 
 def _pinned() -> list:
@@ -18,6 +18,7 @@ FAMILY = ModelFamily(
     graph=stage_graph,
     pipeline_classes=("QwenImagePipeline",),
     repos=("Qwen/Qwen-Image",),
+    words=("qwen",),
     processors={"qwen_image_prompt": prompt_encoder},
     executors=(QwenImageDiT(), QwenImageVAEDecoder()),
     pinned=_pinned,

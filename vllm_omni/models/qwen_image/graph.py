@@ -26,6 +26,7 @@ def stage_graph() -> dict[str, Any]:
                 "name": "dit",
                 "engine_type": "DiT",
                 "model": ".",
+                "executor": "qwen_image",
                 "inputs": {
                     "prompt_embeds": "text_encoder.prompt_embeds",
                     "negative_prompt_embeds": "text_encoder.negative_prompt_embeds",

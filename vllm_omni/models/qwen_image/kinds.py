@@ -1,22 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Qwen-Image's process-stage executors, as registered: `diffusers` (the DiT, step-level or
-whole pipeline calls) and `vae_decoder` (the VAE alone, in a stage of its own)."""
+"""Qwen-Image's process-stage executors, as registered: `qwen_image` (the DiT on the framework's
+step loop) and `vae_decoder` (the VAE alone, in a stage of its own)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from vllm_omni.diffusion.executor_kind import ImageKind
+from vllm_omni.diffusion.step_loop import StepwiseKind
+from vllm_omni.models.qwen_image.prompt import TEXT_ENCODER
 
 
-class QwenImageDiT(ImageKind):
-    name = "diffusers"
+class QwenImageDiT(ImageKind, StepwiseKind):
+    name = "qwen_image"
     residual_cache = True
+    skip_components = TEXT_ENCODER
 
-    def build(self, config, cache, pipe: Any = None):
-        from vllm_omni.models.qwen_image.executors import DiffusersPipelineExecutor
+    def runner(self, pipe, config, device):
+        from vllm_omni.models.qwen_image.runner import QwenImageRunner
 
-        return DiffusersPipelineExecutor(config, cache, pipe)
+        return QwenImageRunner(pipe, config, device)
 
 
 class QwenImageVAEDecoder(ImageKind):
@@ -28,7 +31,7 @@ class QwenImageVAEDecoder(ImageKind):
     cpu_defaults = {"num_threads": 1}
 
     def build(self, config, cache, pipe: Any = None):
-        from vllm_omni.models.qwen_image.executors import VAEDecoderExecutor
+        from vllm_omni.models.qwen_image.vae_decoder import VAEDecoderExecutor
 
         if pipe is not None:
             raise ValueError("pipe: the vae_decoder executor loads its own VAE")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from vllm_omni.engine.stage_processor import PromptEncoder
 
+TEXT_ENCODER = ("text_encoder", "tokenizer")
+"""The pipeline's components this stage runs (the DiT and VAE stages do not load them)."""
+
 # The model's prompt format, as its pipeline applies it. The pipeline drops the template's
 # first 34 tokens' rows and keeps at most 512 after them.
 TEMPLATE = (

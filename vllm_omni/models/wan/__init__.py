@@ -3,9 +3,9 @@
 Wan2.1, and Wan2.2's two experts): one stage, the DiT step-batched across requests of one video
 shape (runner.py), its UMT5 text encoder and VAE in the same process."""
 
-from vllm_omni.models.registry import ModelFamily
 from vllm_omni.models.wan.graph import stage_graph
 from vllm_omni.models.wan.kinds import WanVideo
+from vllm_omni.registry import ModelFamily
 
 
 def _pinned() -> list:
@@ -25,6 +25,7 @@ FAMILY = ModelFamily(
         "Wan-AI/Wan2.2-T2V-A14B-Diffusers",
         "Wan-AI/Wan2.2-I2V-A14B-Diffusers",
     ),
+    words=("wan",),
     executors=(WanVideo(),),
     pinned=_pinned,
 )

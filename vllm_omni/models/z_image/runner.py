@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Z-Image's denoising, one step at a time, for requests at any step.
+"""Z-Image's model code for the framework's step loop (vllm_omni.diffusion.step_loop).
 
 Per request it does what `ZImagePipeline.__call__` does for one prompt and seed - the noise of
 its `prepare_latents`, its sigma schedule, its classifier-free guidance (`guidance_scale > 0`,
 the negative prompt's row beside the prompt's) - so the images match diffusers'
 (tests/models/z_image). The transformer takes a list of latents and a list of prompt
-embeddings of any lengths, so requests of any prompt, step or guidance share one call; each
-request's state (latents, embeddings, sampler) lives in the DiTCacheManager.
+embeddings of any lengths, so requests of any prompt, step or guidance share one call. The
+text encoder is not loaded: the embeddings come from the encoder stage.
 """
 
 from __future__ import annotations
@@ -14,29 +14,45 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.cache_manager import DiTCacheEntry
+from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.diffusion.step_loop import advance
+from vllm_omni.diffusion.step_loop import RequestState, timestep
 from vllm_omni.errors import FieldError
 
 PROMPT_EMBEDS = "prompt_embeds"
 NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
-
-
-def guided(params) -> bool:
-    """Whether a request runs classifier-free guidance, as the pipeline decides."""
-    return params.guidance_scale > 0
+DEFAULT_SIZE = (1024, 1024)  # the pipeline's own default
+REFUSES = frozenset({"cache_threshold"})
+"""Residual caching needs a cached forward of the transformer's blocks; Z-Image has none yet."""
 
 
 class ZImageRunner:
-    def __init__(self, pipe, cache: DiTCacheManager, device: torch.device) -> None:
+    residual_caches = ()
+
+    def __init__(self, pipe, device: torch.device) -> None:
         self.pipe = pipe
-        self.cache = cache
         self.device = device
         self.dtype = pipe.transformer.dtype
 
-    def prepare(self, request: DiTRequest) -> None:
-        """Draw the initial noise and set up this request's sampler."""
+    @property
+    def info(self) -> ImageStageInfo:
+        return ImageStageInfo(DEFAULT_SIZE, self.pipe.vae_scale_factor * 2, refuses=REFUSES)
+
+    def check_request(self, request: DiTRequest) -> None:
+        pass
+
+    def estimate_bytes(self, request: DiTRequest) -> int:
+        p = request.params
+        latents = (p.height // 8) * (p.width // 8) * self.pipe.transformer.in_channels * 4
+        embeds = sum(t.numel() * t.element_size() for t in request.inputs.values())
+        return latents + embeds
+
+    def prepare(self, requests: list[DiTRequest]) -> list[RequestState]:
+        return [self._prepare(r) for r in requests]
+
+    def _prepare(self, request: DiTRequest) -> RequestState:
+        """The initial noise and this request's sampler."""
         from diffusers.pipelines.z_image.pipeline_z_image import (
             calculate_shift,
             get_default_z_image_sigmas,
@@ -61,22 +77,20 @@ class ZImageRunner:
         sampler.set_timesteps(sigmas=sigmas, mu=mu, device=self.device)
         sampler.set_begin_index(0)
         tensors = {"latents": latents}
-        names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if guided(p) else [])
+        names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if p.do_cfg else [])
         for name in names:
             if name not in request.inputs:
                 raise FieldError("inputs", f"the Z-Image DiT stage needs {name!r}")
             tensors[name] = request.inputs[name].to(self.device)
-        self.cache.allocate(request.request_id, tensors, sampler=sampler, step=0)
+        return RequestState(tensors, sampler)
 
-    @torch.inference_mode()
-    def denoise_step(self, requests: list[DiTRequest]) -> None:
+    def denoise(self, requests: list[DiTRequest], entries: list[DiTCacheEntry]) -> list:
         """One denoising step for each request, as one transformer call."""
         rows_latents, rows_t, rows_text = [], [], []
-        entries = [self.cache.get(r.request_id) for r in requests]
         for request, entry in zip(requests, entries):
-            t = entry.state["sampler"].timesteps[entry.state["step"]]
+            t = timestep(entry)
             latents = entry.tensors["latents"].to(self.dtype)[0].unsqueeze(1)  # (C, 1, H, W)
-            names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if guided(request.params) else [])
+            names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if request.params.do_cfg else [])
             for name in names:  # guidance: the negative prompt's row right after the prompt's
                 rows_latents.append(latents)
                 rows_t.append((1000 - t) / 1000)
@@ -84,31 +98,28 @@ class ZImageRunner:
         out = self.pipe.transformer(
             rows_latents, torch.stack(rows_t), rows_text, return_dict=False
         )[0]
-        row = 0
-        for request, entry in zip(requests, entries):
+        predictions, row = [], 0
+        for request in requests:
             pred = out[row].float()
             row += 1
-            if guided(request.params):
+            if request.params.do_cfg:
                 negative = out[row].float()
                 row += 1
                 pred = pred + request.params.guidance_scale * (pred - negative)
-            advance(entry, -pred.squeeze(1)[None])
+            predictions.append(-pred.squeeze(1)[None])
+        return predictions
 
-    def is_done(self, request: DiTRequest) -> bool:
-        return self.cache.get(request.request_id).state["step"] >= request.num_steps
-
-    @torch.inference_mode()
-    def decode(self, requests: list[DiTRequest]) -> dict[str, object]:
+    def decode(self, requests: list[DiTRequest], entries: list[DiTCacheEntry]) -> list:
         """Finished requests of equal size -> images (uint8 arrays) in one VAE call, or their
         latents where asked for."""
-        results: dict[str, object] = {}
+        results: list = [None] * len(requests)
         todo = []
-        for request in requests:
-            latents = self.cache.get(request.request_id).tensors["latents"]
+        for i, (request, entry) in enumerate(zip(requests, entries)):
+            latents = entry.tensors["latents"]
             if request.params.output_type == "latent":
-                results[request.request_id] = latents[0].detach().cpu()
+                results[i] = latents[0].detach().cpu()
             else:
-                todo.append((request, latents))
+                todo.append((i, latents))
         if todo:
             vae = self.pipe.vae
             latents = torch.cat([lat for _, lat in todo]).to(vae.dtype)
@@ -116,6 +127,6 @@ class ZImageRunner:
             images = self.pipe.image_processor.postprocess(
                 vae.decode(latents, return_dict=False)[0], output_type="pil"
             )
-            for (request, _), image in zip(todo, images):
-                results[request.request_id] = np.asarray(image)
+            for (i, _), image in zip(todo, images):
+                results[i] = np.asarray(image)
         return results

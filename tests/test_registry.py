@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vllm_omni.config.stage_config import StageGraph
-from vllm_omni.models.registry import (
+from vllm_omni.registry import (
     ANY_PIPELINE,
     PLAIN_LM,
     ModelFamily,
@@ -88,7 +88,7 @@ def test_a_family_is_validated() -> None:
 
 def test_importing_the_registry_imports_no_family() -> None:
     code = (
-        "import sys, vllm_omni.models.registry, vllm_omni.config.model_defaults;"
+        "import sys, vllm_omni.registry, vllm_omni.config.model_defaults;"
         "print([m for m in sys.modules"
         " if m.startswith('vllm_omni.models.') and not m.endswith('registry')])"
     )
@@ -98,7 +98,7 @@ def test_importing_the_registry_imports_no_family() -> None:
 
 def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
     """Built-in graphs name processors and executors that the families register, each once."""
-    from vllm_omni.models.registry import executor_kinds, processors
+    from vllm_omni.registry import executor_kinds, processors
 
     assert set(processors()) == {
         "qwen_image_prompt",
@@ -111,7 +111,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "qwen3_omni_talker",
     }
     assert set(executor_kinds()) == {
-        "diffusers",
+        "qwen_image",
         "vae_decoder",
         "code2wav",
         "qwen3_code2wav",
@@ -125,11 +125,11 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
             if "processor" in stage:
                 assert stage["processor"] in processors()
             if stage["engine_type"] == "DiT":
-                assert stage.get("executor", "diffusers") in executor_kinds()
+                assert stage["executor"] in executor_kinds()
 
 
 def test_a_name_registered_twice_is_an_error() -> None:
-    from vllm_omni.models.registry import _by_name
+    from vllm_omni.registry import _by_name
 
     with pytest.raises(ValueError, match="executor 'x' is registered by two families"):
         _by_name("executor", [("x", 1), ("x", 2)])

@@ -1,14 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DiffusionModelRunner: the step-wise denoising path, without diffusers' own loop.
+"""Qwen-Image's model code for the framework's step loop (vllm_omni.diffusion.step_loop).
 
-It drives the pipeline's components (transformer, sampler, VAE) one denoising step at a time
-for a batch of requests that may sit at different step indices, so requests can join and
-leave between steps. Per request it reproduces what `QwenImagePipeline.__call__` does for a
-single prompt - same noise for the seed, same sigma schedule, same guidance - so the images
-match diffusers' (tests/diffusion/test_model_runner.py, tests/entrypoints/test_omni_llm.py).
-
-Per-request state (latents, prompt embeddings, the sampler with its step index) lives in the
-DiTCacheManager, so releasing the entry frees everything.
+Per request it reproduces what `QwenImagePipeline.__call__` does for a single prompt - same
+noise for the seed, same sigma schedule, same guidance - so the images match diffusers'
+(tests/entrypoints/test_omni_llm.py). Requests of equal image size share one transformer call
+whatever their step, prompt length or guidance. An editing pipeline's input images condition
+each row through a `Conditioning` (vllm_omni.models.qwen_image.edit).
 """
 
 from __future__ import annotations
@@ -19,11 +16,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from vllm_omni.diffusion.cache_manager import DiTCacheManager
+from vllm_omni.diffusion.cache_manager import DiTCacheEntry
+from vllm_omni.diffusion.config import DiTConfig
+from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.params import INPUT_IMAGES as IMAGE_ARG
 from vllm_omni.diffusion.request import DiTRequest
-from vllm_omni.diffusion.residual_cache import POLICY, ResidualCacheConfig, RowGroup
-from vllm_omni.diffusion.step_loop import advance
+from vllm_omni.diffusion.residual_cache import FirstBlockCache
+from vllm_omni.diffusion.step_loop import RequestState, row_groups, timestep
 from vllm_omni.errors import FieldError
 from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
 from vllm_omni.models.qwen_image.latent_decoder import LatentDecoder
@@ -32,11 +31,15 @@ PROMPT_EMBEDS = "prompt_embeds"
 NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
 IMAGE_LATENTS = "image_latents"
 CONDITION_GRIDS = "condition_grids"
+REFUSES = frozenset({"guidance_scale"})
+"""Qwen-Image guides with a negative prompt and `true_cfg_scale`; it has no distilled guidance."""
 
 
 class Conditioning(Protocol):
     """How an editing pipeline's input images condition the DiT (a family's, e.g.
-    vllm_omni.models.qwen_image_edit.conditioning): appended to each row's latent sequence."""
+    vllm_omni.models.qwen_image.edit.conditioning): appended to each row's latent sequence."""
+
+    max_images: int
 
     def latent_tokens(self, images: Sequence[Any]) -> int: ...
 
@@ -47,38 +50,47 @@ class Conditioning(Protocol):
         ...
 
 
-class DiffusionModelRunner:
-    """`residual_cache`: the stage's first-block caching policy (None: off unless a request
-    asks for it with `cache_threshold`); `conditioning`: an editing pipeline's, which every
-    request's input images (`image`) go through."""
+class QwenImageRunner:
+    """`config.decode` False: finished requests return their latents (a VAE stage decodes);
+    `conditioning`: an editing pipeline's, which every request's input images (`image`) go
+    through."""
 
     def __init__(
         self,
         pipe,
-        cache: DiTCacheManager,
+        config: DiTConfig,
         device: torch.device,
-        decodes: bool = True,
-        residual_cache: ResidualCacheConfig | None = None,
         conditioning: Conditioning | None = None,
     ) -> None:
         if pipe.transformer.config.get("guidance_embeds", False):
             raise NotImplementedError("guidance-distilled transformers are not supported yet")
         self.pipe = pipe
-        self.cache = cache
         self.device = device
         self.dtype = pipe.transformer.dtype
         self.decoder = LatentDecoder(pipe)
-        self.decodes = decodes
+        self.decodes = config.decode
         self.num_channels_latents = pipe.transformer.config.in_channels // 4
-        self.residual_cache = residual_cache
         self.conditioning = conditioning
-        wanted = residual_cache is not None and residual_cache.enabled
+        wanted = config.residual_cache is not None and config.residual_cache.enabled
         # On a transformer it does not know, the constructor raises, naming the setting.
         self.cached_forward = (
             FirstBlockCachedForward(pipe.transformer)
             if wanted or supports(pipe.transformer)
             else None
         )
+
+    @property
+    def info(self) -> ImageStageInfo:
+        return ImageStageInfo(
+            self.decoder.default_size, self.decoder.size_multiple, refuses=REFUSES
+        )
+
+    @property
+    def residual_caches(self) -> list[FirstBlockCache]:
+        return [] if self.cached_forward is None else [self.cached_forward.cache]
+
+    def check_request(self, request: DiTRequest) -> None:
+        pass
 
     def latent_grid(self, height: int, width: int) -> tuple[int, int, int]:
         f = self.decoder.size_multiple
@@ -95,9 +107,12 @@ class DiffusionModelRunner:
         )
         return latents + embeds
 
-    # ------------------------------------------------------------------ step path
-    def prepare(self, request: DiTRequest) -> None:
-        """Draw the initial noise and set up this request's sampler."""
+    # ------------------------------------------------------------------ the step loop's
+    def prepare(self, requests: list[DiTRequest]) -> list[RequestState]:
+        return [self._prepare(r) for r in requests]
+
+    def _prepare(self, request: DiTRequest) -> RequestState:
+        """The initial noise and this request's sampler."""
         from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 
         p = request.params
@@ -139,98 +154,67 @@ class DiffusionModelRunner:
             raise FieldError("inputs", f"the DiT stage needs {PROMPT_EMBEDS!r}")
         if p.do_cfg and NEGATIVE_PROMPT_EMBEDS not in tensors:
             raise FieldError("inputs", f"guidance needs {NEGATIVE_PROMPT_EMBEDS!r}")
-        self.cache.allocate(
-            request.request_id,
-            tensors,
-            sampler=sampler,
-            step=0,
-            **state,
-            **{POLICY: self.policy(p)},
-        )
+        return RequestState(tensors, sampler, state)
 
-    def policy(self, params) -> ResidualCacheConfig | None:
-        """The request's caching policy: the stage's, with the request's own threshold."""
-        threshold = params.cache_threshold
-        if threshold is None:
-            return self.residual_cache
-        if threshold > 0 and self.cached_forward is None:
-            raise FieldError(
-                "cache_threshold",
-                f"{type(self.pipe.transformer).__name__} does not support residual caching",
-            )
-        return (self.residual_cache or ResidualCacheConfig()).with_threshold(threshold)
-
-    @torch.inference_mode()
-    def denoise_step(self, requests: list[DiTRequest]) -> None:
+    def denoise(self, requests: list[DiTRequest], entries: list[DiTCacheEntry]) -> list:
         """One denoising step for requests of equal image size, as one transformer call."""
-        rows_latents, rows_t, rows_text, rows_grids, groups = [], [], [], [], []
-        entries = [self.cache.get(r.request_id) for r in requests]
+        rows_latents, rows_t, rows_text, rows_grids = [], [], [], []
         p0 = requests[0].params
         grid = self.latent_grid(p0.height, p0.width)
         for request, entry in zip(requests, entries):
-            t = entry.state["sampler"].timesteps[entry.state["step"]]
             names = [PROMPT_EMBEDS] + ([NEGATIVE_PROMPT_EMBEDS] if request.params.do_cfg else [])
             latents = entry.tensors["latents"]
             if IMAGE_LATENTS in entry.tensors:  # an edit: its images' latents follow the noise
                 latents = torch.cat([latents, entry.tensors[IMAGE_LATENTS]], dim=1)
-            start = len(rows_latents)
             for name in names:  # guidance: the unconditional row rides in the same batch
                 rows_latents.append(latents)
-                rows_t.append(t)
+                rows_t.append(timestep(entry))
                 rows_text.append(entry.tensors[name])
                 rows_grids.append([grid, *entry.state.get(CONDITION_GRIDS, ())])
-            groups.append(
-                RowGroup(start, len(rows_latents), entry, entry.state["step"], request.num_steps)
-            )
+        groups = row_groups(requests, entries)
         latents = torch.cat(rows_latents)
-        timestep = torch.stack(rows_t).to(latents.dtype) / 1000
+        t = torch.stack(rows_t).to(latents.dtype) / 1000
         text, mask = pad_text(rows_text)
-        img_shapes = rows_grids
         if any(g.policy is not None for g in groups):
-            noise = self.cached_forward(latents, timestep, text, mask, img_shapes, groups)
+            noise = self.cached_forward(latents, t, text, mask, rows_grids, groups)
         else:
             noise = self.pipe.transformer(
                 hidden_states=latents,
-                timestep=timestep,
+                timestep=t,
                 guidance=None,
                 encoder_hidden_states=text,
                 encoder_hidden_states_mask=mask,
-                img_shapes=img_shapes,
+                img_shapes=rows_grids,
                 return_dict=False,
             )[0]
-        row = 0
-        for request, entry in zip(requests, entries):
+        predictions = []
+        for request, entry, group in zip(requests, entries, groups):
             own = entry.tensors["latents"].shape[1]  # the prediction for the output's rows
-            pred = noise[row : row + 1, :own]
-            row += 1
+            pred = noise[group.start : group.start + 1, :own]
             if request.params.do_cfg:
-                pred = _guide(pred, noise[row : row + 1, :own], request.params.true_cfg_scale)
-                row += 1
-            advance(entry, pred)
+                uncond = noise[group.start + 1 : group.stop, :own]
+                pred = _guide(pred, uncond, request.params.true_cfg_scale)
+            predictions.append(pred)
+        return predictions
 
-    def is_done(self, request: DiTRequest) -> bool:
-        entry = self.cache.get(request.request_id)
-        return entry.state["step"] >= request.params.num_inference_steps
-
-    @torch.inference_mode()
-    def decode(self, requests: list[DiTRequest]) -> dict[str, object]:
+    def decode(self, requests: list[DiTRequest], entries: list[DiTCacheEntry]) -> list:
         """Finished requests of equal size -> images in one VAE call (or their latents, when
         asked for or when a separate VAE stage decodes)."""
-        results: dict[str, object] = {}
+        results: list[Any] = [None] * len(requests)
         to_decode = []
-        for request in requests:
-            latents = self.cache.get(request.request_id).tensors["latents"]
+        for i, (request, entry) in enumerate(zip(requests, entries)):
+            latents = entry.tensors["latents"]
             if request.params.output_type == "latent" or not self.decodes:
-                results[request.request_id] = latents[0].detach().cpu()
+                results[i] = latents[0].detach().cpu()
             else:
-                to_decode.append((request, latents))
+                to_decode.append((i, latents))
         if to_decode:
-            p0 = to_decode[0][0].params
+            p0 = requests[to_decode[0][0]].params
             images = self.decoder.decode(
                 torch.cat([lat for _, lat in to_decode]), p0.height, p0.width
             )
-            for (request, _), image in zip(to_decode, images):
-                results[request.request_id] = image
+            for (i, _), image in zip(to_decode, images):
+                results[i] = image
         return results
 
 

@@ -2,30 +2,23 @@
 """Qwen-Image-Edit and Edit-Plus (the tiny pipelines) in their built-in graph: Qwen2.5-VL reads
 the prompt with the input images on vLLM, the DiT runs step-batched with the images' VAE latents.
 OmniLLM's edits equal diffusers' own call with the same images, prompt and seed, its encoder
-given the model's image positions (vllm_omni.models.qwen_image_edit.reference)."""
+given the model's image positions (vllm_omni.models.qwen_image.edit.reference)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vllm_omni import DiffusionSamplingParams, OmniLLM
 from vllm_omni.errors import FieldError
-from vllm_omni.models.qwen_image_edit.reference import with_image_positions
+from vllm_omni.models.qwen_image.edit.reference import with_image_positions
 
-from ...helpers.diffusers_reference import max_pixel_diff, pipeline_image
+from ....helpers.diffusers_reference import max_pixel_diff, pipeline_image
+from ....helpers.media import picture
 
 pytestmark = pytest.mark.engine
 
 MAX_PIXEL_DIFF = 2  # of 255
-
-
-def picture(seed: int, size: tuple[int, int] = (80, 64)) -> Image.Image:
-    """A smooth, seeded RGB picture (width, height)."""
-    rng = np.random.default_rng(seed)
-    coarse = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
-    return Image.fromarray(coarse).resize(size, Image.BILINEAR)
 
 
 def reference_pipeline(folder):
@@ -142,11 +135,3 @@ def test_default_size_is_the_pipelines(edit_model):
     omni, _, _ = edit_model
     inputs, params = omni.engine.prepare({"prompt": "x", "image": picture(0, (200, 100))})
     assert (params["dit"].height, params["dit"].width) == (736, 1440)
-
-
-def test_default_size_of_a_whole_pipeline_follows_the_input_image():
-    from vllm_omni.models.diffusers_pipeline.kinds import edit_size
-
-    assert edit_size((2048, 1024), (1024, 1024), 16) == (720, 1456)  # (height, width)
-    assert edit_size((64, 64), (1024, 1024), 16) == (1024, 1024)
-    assert edit_size((10, 1000), (64, 64), 16) == (640, 16)  # tall and narrow

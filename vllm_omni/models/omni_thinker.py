@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Qwen2.5-Omni's thinker stage (processor `qwen25_omni_thinker`): generates text on vLLM's own
-Qwen2.5-Omni thinker model and hands on every token's hidden state.
+"""The thinker stage the Omni families share (Qwen2.5-Omni's processor `qwen25_omni_thinker`;
+Qwen3-Omni's subclasses it): generates text on vLLM's own thinker model and hands on every
+token's hidden state.
 
 Its worker's `hidden_states` hook (vllm_omni.worker.hidden_states) returns every token's last
 hidden state and input embedding with the output, so the thinker hands on, besides its text,
 `thinker_states` [prompt + reply - 1 tokens, 2 x hidden] ([hidden | embedding]); the talker
-speaks from them (vllm_omni.models.qwen2_5_omni.talker).
+speaks from them (each family's `talker.py`).
 """
 
 from __future__ import annotations

@@ -9,27 +9,29 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_omni.diffusion.executor_kind import StageInfo
-from vllm_omni.diffusion.params import DiffusionSamplingParams
+from vllm_omni.diffusion.params import DiffusionSamplingParams, check_input_images
 from vllm_omni.errors import FieldError
-from vllm_omni.models.diffusers_pipeline.kinds import check_input_images
+from vllm_omni.models.qwen_image.edit.conditioning import VAE_AREA, area_size
+from vllm_omni.models.qwen_image.edit.prompt import IMAGE_ARG
 from vllm_omni.models.qwen_image.kinds import QwenImageDiT
-from vllm_omni.models.qwen_image_edit.conditioning import VAE_AREA, area_size
-from vllm_omni.models.qwen_image_edit.prompt import IMAGE_ARG
+from vllm_omni.models.qwen_image.prompt import TEXT_ENCODER
 
 
 class QwenImageEditDiT(QwenImageDiT):
     name = "qwen_image_edit"
     request_options = ("negative_prompt", IMAGE_ARG)
 
-    def build(self, config, cache, pipe: Any = None):
-        from vllm_omni.models.qwen_image_edit.executor import EditPipelineExecutor
+    skip_components = (*TEXT_ENCODER, "processor")  # the encoder stage's
 
-        return EditPipelineExecutor(config, cache, pipe)
+    def runner(self, pipe, config, device):
+        from vllm_omni.models.qwen_image.edit.runner import EditRunner
+
+        return EditRunner(pipe, config, device)
 
     def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
         """The negative prompt and the input images, checked; where the request gives no
         size, the pipelines' own: the last image's aspect at about 1024x1024."""
-        from vllm_omni.models.qwen_image_edit.executor import EditStageInfo
+        from vllm_omni.models.qwen_image.edit.runner import EditStageInfo
 
         assert isinstance(info, EditStageInfo), info
         params = super().apply_options(params, inputs, info) or DiffusionSamplingParams()

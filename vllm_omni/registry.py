@@ -9,7 +9,7 @@ executors (`executor:`), worker hooks, vLLM model classes, the HTTP routes of it
 the fingerprints of the library internals it relies on. The engine, the stage loop and the
 server name no model; they ask the registry.
 
-    from vllm_omni.models.registry import detect_family
+    from vllm_omni.registry import detect_family
     detect_family(folder).graph()        # the built-in stage graph, as a dict
 
 Families are imported on first use (`families()`), so importing the registry costs nothing (it
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 FAMILY_PACKAGES = (
     "qwen_image",
-    "qwen_image_edit",
-    "qwen_image_edit_plus",
+    "qwen_image.edit",
+    "qwen_image.edit_plus",
     "z_image",
     "wan",
     "qwen2_5_omni",
@@ -41,7 +41,8 @@ FAMILY_PACKAGES = (
     "plain_lm",
     "diffusers_pipeline",
 )
-"""Folders under vllm_omni/models/ that hold a family (each exports `FAMILY`)."""
+"""Modules under vllm_omni/models/ that export a family's `FAMILY`: a family's folder, or a
+package or module inside it where one folder holds related families (Qwen-Image's edits)."""
 PLAIN_LM = "lm"
 """The family of any transformers model no other family claims: one AR stage."""
 ANY_PIPELINE = "diffusers_pipeline"
@@ -66,6 +67,10 @@ class ModelFamily:
     checkpoint's config that configures it). Used by the memory plan."""
     repos: tuple[str, ...] = ()
     """Hugging Face repos of the released checkpoints (documentation)."""
+    words: tuple[str, ...] = ()
+    """The model's names as its code spells them (lower case, e.g. `wan`, `talker`): code
+    outside vllm_omni/models/ never uses them (tests/test_layering.py). Empty only for the
+    families that serve any model of a kind (plain LMs, any diffusers pipeline)."""
     processors: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
     """AR-stage processors by registered name: StageConfig -> StageProcessor
     (vllm_omni.engine.stage_processor)."""

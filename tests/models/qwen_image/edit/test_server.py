@@ -16,8 +16,9 @@ from PIL import Image
 
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 
-from ...helpers.server import BIN, ServerProcess
-from .test_edit import MAX_PIXEL_DIFF, picture, reference
+from ....helpers.media import picture
+from ....helpers.server import BIN, ServerProcess
+from .test_edit import MAX_PIXEL_DIFF, reference
 
 pytestmark = pytest.mark.engine
 
@@ -114,7 +115,7 @@ def test_fuzz_edit_forms_from_the_published_schema(server):
     """Forms generated from the published schema: valid ones are edited (at least 90%, and any
     refusal names a field it sent), invalid ones get a 400 naming a field they violate; never
     a 5xx, and the server stays up."""
-    from ...helpers.openapi_fuzz import fuzz_form_operation
+    from ....helpers.openapi_fuzz import fuzz_form_operation
 
     openapi = requests.get(f"{server.url}/openapi.json", timeout=30).json()
     form = openapi["paths"]["/v1/images/edits"]["post"]["requestBody"]["content"]

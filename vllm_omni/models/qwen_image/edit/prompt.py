@@ -17,7 +17,7 @@ from typing import Any
 from vllm_omni.diffusion.params import INPUT_IMAGES as IMAGE_ARG
 from vllm_omni.engine.stage_processor import PromptEncoder
 from vllm_omni.errors import FieldError
-from vllm_omni.models.qwen_image_edit.conditioning import VAE_AREA, area_size
+from vllm_omni.models.qwen_image.edit.conditioning import VAE_AREA, area_size
 
 SYSTEM = (
     "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "

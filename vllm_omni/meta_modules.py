@@ -32,7 +32,7 @@ def transformers_stage(folder: Path, stage: str) -> torch.nn.Module:
     """The module an AR (or split) stage of a transformers checkpoint runs."""
     import transformers
 
-    from vllm_omni.models.registry import detect_family
+    from vllm_omni.registry import detect_family
 
     config = transformers.AutoConfig.from_pretrained(folder)
     split = detect_family(folder).split_stages

@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 
 from vllm_omni.errors import FieldError
-from vllm_omni.models.qwen_image_edit.conditioning import EditConditioning
-from vllm_omni.models.qwen_image_edit.prompt import VISION, edit_encoder, edit_plus_encoder
+from vllm_omni.models.qwen_image.edit.conditioning import EditConditioning
+from vllm_omni.models.qwen_image.edit.prompt import VISION, edit_encoder, edit_plus_encoder
 
 
 def test_edit_puts_its_one_image_in_the_template() -> None:
