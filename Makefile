@@ -10,7 +10,7 @@ setup:
 	@bash scripts/setup.sh
 
 tiny-models: setup
-	$(PY) -m vllm_omni.models.tiny
+	$(PY) -m vllm_omni.testing.tiny
 
 demo: setup
 	$(PY) -m vllm_omni.demo

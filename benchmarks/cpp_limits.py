@@ -63,8 +63,8 @@ def default_cost_model_path() -> Path:
     import torch
 
     from vllm_omni.cpp.cost_model_source import calibration_path
-    from vllm_omni.models.tiny import build_tiny_models, default_models_dir
     from vllm_omni.platform.cpu_dtype import resolved_on_this_cpu
+    from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
     model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     # The dtype the benchmarks' engines run in (dtype auto on this CPU).

@@ -117,7 +117,7 @@ def main() -> None:
 
     from vllm_omni.cpp.calibrate import samples_from_records
     from vllm_omni.cpp.cost_model import CostModel
-    from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+    from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
     model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     prompts = make_prompts([args.length], args.runs)[args.length]

@@ -437,7 +437,7 @@ def main() -> None:
 
     from vllm_omni.cpp.cost_model import CostModel
     from vllm_omni.cpp.cost_model_source import calibration_path
-    from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+    from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
     model = args.model or str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     model_len = max(args.lengths) + 64

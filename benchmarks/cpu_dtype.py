@@ -37,8 +37,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_omni.models.tiny import build_tiny_models, default_models_dir
     from vllm_omni.platform.cpu_dtype import native_low_precision
+    from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
     model = str(build_tiny_models(default_models_dir(), ["llama-8l"])["llama-8l"])
     engines = {

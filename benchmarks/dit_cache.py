@@ -47,7 +47,7 @@ from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.residual_cache import ResidualCacheConfig
 from vllm_omni.diffusion.step_loop import StepwiseExecutor
 from vllm_omni.models.qwen_image.runner import QwenImageRunner
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 COMPUTE_DIT = dict(
     num_layers=8, attention_head_dim=64, num_attention_heads=6, axes_dims_rope=(16, 24, 24)

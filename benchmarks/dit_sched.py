@@ -50,7 +50,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import BIN, ServerProcess, alternate, geomean, percentile, write_result
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 POLICIES = ("fcfs", "deadline")
 

@@ -42,8 +42,8 @@ from vllm_omni.diffusion.scheduler import (
     DiTRunnerOutput,
     DiTSchedulerConfig,
 )
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 from vllm_omni.platform.cpu_defaults import MALLOC_DEFAULTS
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 SIZES = (64, 192)
 ROWS = (1, 2, 4, 8)

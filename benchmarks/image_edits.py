@@ -27,7 +27,7 @@ from PIL import Image
 
 from benchmarks.common import alternate, paired_ratio, write_result
 from vllm_omni.models.qwen_image.edit.reference import with_image_positions
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 PROMPTS = ["make it red", "add a hat", "turn it into a sketch", "make it night", "add rain"]
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import write_result
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 TOPICS = ("the sea", "mountains", "a red cat", "the city at night", "rain", "a lighthouse",
           "old books", "the moon")  # fmt: skip

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import write_result
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 WIDE_DIT = dict(
     num_layers=6, attention_head_dim=64, num_attention_heads=8, axes_dims_rope=(16, 24, 24)
@@ -101,7 +101,7 @@ def wide_model(
     from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
 
     from vllm_omni.models.qwen_image.tiny import QWEN_IMAGE_SEED
-    from vllm_omni.models.tiny_common import randomize_, smooth_time_embedding_
+    from vllm_omni.testing.tiny_common import randomize_, smooth_time_embedding_
 
     out = default_models_dir() / name
     stamp = out / ".complete"

@@ -32,7 +32,7 @@ import psutil
 import requests
 
 from benchmarks.common import BIN, ServerProcess, alternate, geomean, percentile, write_result
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 
 def memory_mib(pid: int) -> dict[str, float]:

@@ -35,7 +35,7 @@ from pathlib import Path
 import requests
 
 from benchmarks.common import BIN, ServerProcess, alternate, write_result
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 CONFIGS = {
     "vLLM fcfs": [],

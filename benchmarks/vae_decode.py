@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.common import write_result
 from vllm_omni.models.qwen_image.vae_fast_path import accelerate_vae
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
 SIZES = (64, 192, 512)
 

@@ -34,8 +34,8 @@ import torch
 
 from benchmarks.common import alternate, paired_ratio, write_result
 from benchmarks.common.server import BIN, ServerProcess
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
 from vllm_omni.models.wan.vae_norm import use_fast_norms
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 from vllm_omni.video_file import decode_mp4, encode_mp4
 
 PROMPTS = ["a red cat on the street", "a blue dog in the sea", "a small bird", "a city at night"]

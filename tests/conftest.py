@@ -12,22 +12,23 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.testing.tiny import TinyModels, default_models_dir
 
 _SESSION = pytest.StashKey[pytest.Session]()
 
 
 @pytest.fixture(scope="session")
-def tiny_models() -> dict[str, Path]:
-    """All tiny models (name -> folder), built once into the shared cache and reused after."""
-    return build_tiny_models(default_models_dir())
+def tiny_models() -> TinyModels:
+    """The tiny models (name -> folder), each built into the shared cache when a test first asks
+    for it and reused after."""
+    return TinyModels(default_models_dir())
 
 
 @pytest.fixture(scope="session")
 def hub_cache(tmp_path_factory) -> Path:
     """A Hugging Face hub cache of this session holding the tiny models under the real repo
-    names (vllm_omni/models/tiny_hub.py). Use it through `hub_env` or `offline_hub`."""
-    from vllm_omni.models.tiny_hub import build_hub_cache
+    names (vllm_omni/testing/tiny_hub.py). Use it through `hub_env` or `offline_hub`."""
+    from vllm_omni.testing.tiny_hub import build_hub_cache
 
     cache = tmp_path_factory.mktemp("hf-hub")
     build_hub_cache(cache)
@@ -173,6 +174,35 @@ def _leftover_threads() -> list[str]:
     return [
         t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon
     ]
+
+
+_GROUP_SECONDS: dict[str, float] = {}
+"""Seconds of every test phase (set-up, call, tear-down) by test group."""
+
+
+def group_of(nodeid: str) -> str:
+    """A test's group: its model family's folder (`models/wan`: the family's tests, its engines
+    shared among them), else its top folder under tests/ (`cpp`, `entrypoints`, ...)."""
+    parts = nodeid.split("::")[0].split("/")[1:-1]  # the folders between tests/ and the file
+    if not parts:
+        return "tests"
+    return "/".join(parts[:2]) if parts[0] == "models" and len(parts) > 1 else parts[0]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    group = group_of(report.nodeid)
+    _GROUP_SECONDS[group] = _GROUP_SECONDS.get(group, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    # CI prints where the suite's time goes: each family's tests, each layer's.
+    seconds = _GROUP_SECONDS
+    if not seconds:
+        return
+    terminalreporter.section("seconds per test group")
+    for group, spent in sorted(seconds.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{spent:8.1f} s  {group}")
+    terminalreporter.write_line(f"{sum(seconds.values()):8.1f} s  in all")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

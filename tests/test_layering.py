@@ -54,6 +54,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "vllm_omni",  # the package itself: its version; its exports load lazily
         ),
     ),
+    # The tiny models' cache and shared builder parts (the families' builders are theirs).
+    ("testing", ("vllm_omni.testing",)),
     # Worker hooks (the protocol, the hidden-state capture) below CPP, whose step timer is one;
     # the worker that runs them all above both.
     ("worker", ("vllm_omni.worker",)),
@@ -81,6 +83,7 @@ MODEL_FREE = (
     "vllm_omni/executor",
     "vllm_omni/platform",
     "vllm_omni/cpp",
+    "vllm_omni/testing",
     "vllm_omni/plugin.py",
     "vllm_omni/_patches.py",
 )

@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-# The omni models load by their hub names from a cache of the tiny ones (models/tiny_hub.py),
+# The omni models load by their hub names from a cache of the tiny ones (testing/tiny_hub.py),
 # offline: set before huggingface_hub is imported, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -358,8 +358,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from vllm_omni.models.tiny import build_tiny_models, default_models_dir
-    from vllm_omni.models.tiny_hub import build_hub_cache
+    from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
+    from vllm_omni.testing.tiny_hub import build_hub_cache
 
     models = build_tiny_models(args.models_dir or default_models_dir(), names=["llama-8l"])
     model = str(models["llama-8l"])

@@ -50,6 +50,17 @@ ANY_PIPELINE = "diffusers_pipeline"
 
 
 @dataclass(frozen=True)
+class TinyModel:
+    """A tiny random-weight checkpoint of a family's real architecture, for tests, benchmarks
+    and the demo (vllm_omni.testing)."""
+
+    build: Callable[[Path], None]
+    """Writes the checkpoint into an empty folder, the same bytes every time."""
+    repos: tuple[str, ...] = ()
+    """Real repo ids it is stored under in the tiny hub cache (vllm_omni.testing.tiny_hub)."""
+
+
+@dataclass(frozen=True)
 class ModelFamily:
     name: str
     """Registered name; a stage graph's `model_type`."""
@@ -73,7 +84,7 @@ class ModelFamily:
     families that serve any model of a kind (plain LMs, any diffusers pipeline)."""
     processors: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
     """AR-stage processors by registered name: StageConfig -> StageProcessor
-    (vllm_omni.engine.stage_processor)."""
+    (vllm_omni.engine.ar_processor)."""
     executors: tuple[ExecutorKind, ...] = ()
     """Process-stage executors (each registered under its `name`)."""
     worker_hooks: Mapping[str, Callable[[], type]] = field(default_factory=dict)
@@ -87,6 +98,8 @@ class ModelFamily:
     pinned: Callable[[], list] | None = None
     """() -> the fingerprints (vllm_omni._patches.Pinned) of library internals this family's
     code relies on; tests/test_patches.py checks them."""
+    tiny_models: Mapping[str, TinyModel] = field(default_factory=dict)
+    """Its tiny models by name (`qwen-image`, `wan2.1-t2v`, ...)."""
     serves_pipeline: Callable[[str], None] | None = None
     """For the family of pipelines no other family claims: raises ValueError saying why it
     cannot serve a diffusers pipeline class (the reason reads after "of class X, which")."""
@@ -138,6 +151,12 @@ def executor_kind(name: str) -> ExecutorKind:
         raise ValueError(
             f"executor: unknown process-stage executor {name!r}; known: {sorted(executor_kinds())}"
         ) from None
+
+
+@functools.cache
+def tiny_models() -> dict[str, TinyModel]:
+    """Every family's tiny models, by name."""
+    return _by_name("tiny model", [e for f in families().values() for e in f.tiny_models.items()])
 
 
 @functools.cache

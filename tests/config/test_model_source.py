@@ -16,7 +16,7 @@ import pytest
 from vllm_omni.config.model_defaults import inspect_model, resolve_stage_graph
 from vllm_omni.config.model_source import diffusers_patterns, fetch_model, is_repo_id
 from vllm_omni.config.stage_config import StageGraph
-from vllm_omni.models.tiny_hub import repo_folder, store_snapshot
+from vllm_omni.testing.tiny_hub import repo_folder, store_snapshot
 
 from ..helpers.hub import offline_hub_at
 from ..helpers.server import BIN

@@ -17,7 +17,7 @@ import torch
 
 from vllm_omni import OmniLLM
 from vllm_omni.config.stage_config import StageConfig
-from vllm_omni.engine import stage_process
+from vllm_omni.engine import process_host
 from vllm_omni.engine.ray_ar_stage import ARStageError, RayARStage
 from vllm_omni.engine.request_run import StageDelta
 
@@ -34,7 +34,7 @@ from ..models.qwen2_5_omni.test_omni_llm import (
 
 
 def test_an_actor_no_node_can_place_fails_naming_its_resources(ray_cluster, monkeypatch):
-    monkeypatch.setattr(stage_process, "PLACEMENT_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(process_host, "PLACEMENT_TIMEOUT_S", 3.0)
     stage = RayARStage(
         StageConfig(
             name="lm", engine_type="AR", model="/m", backend="ray", resources={"no_such": 1}

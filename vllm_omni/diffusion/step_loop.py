@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -38,10 +38,8 @@ from vllm_omni.diffusion.residual_cache import (
     ResidualCacheConfig,
     RowGroup,
 )
+from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 from vllm_omni.errors import FieldError
-
-if TYPE_CHECKING:
-    from vllm_omni.diffusion.scheduler import DiTRunnerOutput, DiTSchedulerOutput
 
 
 @dataclass
@@ -150,8 +148,6 @@ class StepwiseExecutor:
     def execute_model(
         self, scheduled: DiTSchedulerOutput, requests: dict[str, DiTRequest]
     ) -> DiTRunnerOutput:
-        from vllm_omni.diffusion.scheduler import DiTRunnerOutput
-
         if scheduled.new_request_ids:
             self.prepare([requests[rid] for rid in scheduled.new_request_ids])
         groups = [[requests[rid] for rid in group] for group in scheduled.groups]

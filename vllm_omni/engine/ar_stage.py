@@ -3,7 +3,7 @@
 
 With a prompt-encoder processor the engine runs as a pooling model and vLLM's model runner
 returns each request's hidden states through `pooler_output`; the processor keeps the rows the
-next stage needs. A generating processor (vllm_omni.engine.stage_processor.Generator) builds the
+next stage needs. A generating processor (vllm_omni.engine.ar_processor.Generator) builds the
 engine's prompts and drives it itself. Without one, the stage generates text. Processors come
 from the model families, by registered name (a stage's `processor:`).
 """
@@ -19,10 +19,10 @@ from typing import Any
 
 from vllm_omni.config.combined_folder import model_with_processor
 from vllm_omni.config.stage_config import StageConfig
+from vllm_omni.engine.ar_processor import Generator, PromptEncoder, StageProcessor
 from vllm_omni.engine.busy import BusyTracker
 from vllm_omni.engine.hidden_states_tap import HiddenStatesTap
 from vllm_omni.engine.kv_sizing import one_step_kv_cache_bytes
-from vllm_omni.engine.stage_processor import Generator, PromptEncoder, StageProcessor
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.registry import processors

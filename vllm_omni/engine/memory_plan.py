@@ -193,7 +193,7 @@ def dit_activation_bytes(modules: list, batch: int, dtype: torch.dtype) -> int:
 def sizing_engine_args(stage: StageConfig) -> dict[str, Any]:
     """The engine arguments of an AR stage that size its memory: the stage's own over a prompt
     encoder's defaults (it runs as a pooling model, with a context of its own)."""
-    from vllm_omni.engine.stage_processor import PromptEncoder
+    from vllm_omni.engine.ar_processor import PromptEncoder
     from vllm_omni.registry import processors
 
     processor = processors()[stage.processor](stage) if stage.processor else None

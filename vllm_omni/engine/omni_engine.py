@@ -25,11 +25,11 @@ from vllm.plugins import load_general_plugins
 
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.engine.ar_stage import ARStage
+from vllm_omni.engine.process_host import join_ray, leave_ray
 from vllm_omni.engine.process_stage import ProcessStage
 from vllm_omni.engine.ray_ar_stage import make_ar_stage
 from vllm_omni.engine.request_run import OnEvent, RequestRun
-from vllm_omni.engine.stage import Stage
-from vllm_omni.engine.stage_process import join_ray, leave_ray
+from vllm_omni.engine.stage_protocol import Stage
 from vllm_omni.errors import FieldError
 from vllm_omni.logger import init_logger
 from vllm_omni.outputs import MultimodalOutputProcessor, OmniRequestOutput, StageTiming

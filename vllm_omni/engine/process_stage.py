@@ -5,7 +5,7 @@ decoder, a vocoder) or a Ray actor.
 Requests go in through one queue and results come back through another; a reader thread
 hands results to the orchestrator's event loop. Tensors cross the process boundary as numpy
 arrays (plain pickles, no shared-memory file descriptors to leak; on Ray, one object ref per
-request). Where the loop runs: `vllm_omni.engine.stage_process`.
+request). Where the loop runs: `vllm_omni.engine.process_host`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.diffusion.deadline import DeadlineUnreachable
 from vllm_omni.diffusion.executor_kind import StageInfo
 from vllm_omni.engine.busy import BusyTracker
-from vllm_omni.engine.stage_process import start_stage_process
+from vllm_omni.engine.process_host import start_stage_process
 from vllm_omni.logger import init_logger
 from vllm_omni.platform.cpu_defaults import malloc_env_defaults
 from vllm_omni.registry import executor_kind

@@ -30,7 +30,7 @@ from typing import Any
 
 from vllm_omni.config.stage_config import StageConfig
 from vllm_omni.engine.ar_stage import ENGINE_SHUTDOWN_TIMEOUT_S, ARStage
-from vllm_omni.engine.stage_process import actor_location, actor_options, join_ray, wait_placed
+from vllm_omni.engine.process_host import actor_location, actor_options, join_ray, wait_placed
 from vllm_omni.engine.stage_stream import StageStream
 from vllm_omni.logger import init_logger
 

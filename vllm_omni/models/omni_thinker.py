@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from vllm_omni.engine.stage_processor import Generator
+from vllm_omni.engine.ar_processor import Generator
 from vllm_omni.errors import FieldError
 
 

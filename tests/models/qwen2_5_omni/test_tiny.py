@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_omni.models import tiny_tokenizer as tt
 from vllm_omni.models.qwen2_5_omni import tiny as tiny_omni
+from vllm_omni.testing import tiny_tokenizer as tt
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def hf_model(omni_dir):
 def test_build_is_deterministic(omni_dir, tmp_path):
     import hashlib
 
-    from vllm_omni.models import tiny
+    from vllm_omni.testing import tiny
 
     def digests(folder):
         return {
@@ -72,8 +72,12 @@ def test_processor_expands_image_and_audio(omni_dir):
     audio = np.zeros(16_000, dtype=np.float32)  # 1 s at 16 kHz
     inputs = processor(text=text, images=[image], audio=[audio], return_tensors="pt")
     ids = inputs["input_ids"][0].tolist()
-    assert ids.count(tt.token_id("<|IMAGE|>", tt.QWEN25_OMNI)) == 4  # 56x56: 4x4 patches, 2x2 merge
-    assert ids.count(tt.token_id("<|AUDIO|>", tt.QWEN25_OMNI)) == 25  # 25 audio tokens a second
+    assert (
+        ids.count(tt.token_id("<|IMAGE|>", tiny_omni.TOKENIZER)) == 4
+    )  # 56x56: 4x4 patches, 2x2 merge
+    assert (
+        ids.count(tt.token_id("<|AUDIO|>", tiny_omni.TOKENIZER)) == 25
+    )  # 25 audio tokens a second
 
 
 def test_generates_text_and_speech(hf_model, omni_dir):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_omni.models import tiny_tokenizer as tt
 from vllm_omni.models.qwen3_omni import tiny as tiny_omni
+from vllm_omni.testing import tiny_tokenizer as tt
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def hf_model(omni_dir):
 def test_build_is_deterministic(omni_dir, tmp_path):
     import hashlib
 
-    from vllm_omni.models import tiny
+    from vllm_omni.testing import tiny
 
     def digests(folder):
         return {

@@ -17,7 +17,7 @@ from vllm_omni.diffusion.engine_core import DiffusionEngineCore
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.residual_cache import ResidualCacheConfig, RowGroup
 from vllm_omni.models.qwen_image.cached_forward import FirstBlockCachedForward, supports
-from vllm_omni.models.tiny_common import smooth_time_embedding_
+from vllm_omni.testing.tiny_common import smooth_time_embedding_
 
 from ...helpers.diffusers_reference import load_pipeline, max_pixel_diff
 

@@ -6,11 +6,15 @@ call."""
 from vllm_omni.models.diffusers_pipeline.graph import stage_graph
 from vllm_omni.models.diffusers_pipeline.kinds import WholePipelineKind
 from vllm_omni.models.diffusers_pipeline.signature import check_text_to_image
-from vllm_omni.registry import ANY_PIPELINE, ModelFamily
+from vllm_omni.models.diffusers_pipeline.tiny import build_sd3
+from vllm_omni.registry import ANY_PIPELINE, ModelFamily, TinyModel
 
 FAMILY = ModelFamily(
     name=ANY_PIPELINE,
     graph=stage_graph,
     executors=(WholePipelineKind(),),
     serves_pipeline=check_text_to_image,
+    tiny_models={
+        "sd3": TinyModel(build_sd3, ("stabilityai/stable-diffusion-3.5-medium",)),
+    },
 )

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_omni.models import tiny_tokenizer as tt
-from vllm_omni.models.tiny_common import LOGIT_GAIN, chat_generation_config, randomize_
+from vllm_omni.testing import tiny_tokenizer as tt
+from vllm_omni.testing.tiny_common import LOGIT_GAIN, chat_generation_config, randomize_
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 
 from vllm_omni.models.qwen2_5_omni.graph import stage_graph
 from vllm_omni.models.qwen2_5_omni.kinds import Code2WavKind
-from vllm_omni.registry import ModelFamily
+from vllm_omni.models.qwen2_5_omni.tiny import build_qwen25_omni
+from vllm_omni.registry import ModelFamily, TinyModel
 
 
 def _thinker(config):
@@ -82,4 +83,9 @@ FAMILY = ModelFamily(
     },
     api=_speech_api,
     pinned=_pinned,
+    tiny_models={
+        "qwen2.5-omni": TinyModel(
+            build_qwen25_omni, ("Qwen/Qwen2.5-Omni-7B", "Qwen/Qwen2.5-Omni-3B")
+        ),
+    },
 )

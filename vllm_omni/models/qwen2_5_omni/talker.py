@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from vllm_omni.engine.stage_processor import Generator
+from vllm_omni.engine.ar_processor import Generator
 from vllm_omni.errors import FieldError
 from vllm_omni.models.talker_common import (
     draws_from_seed,

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_omni.models import tiny_tokenizer as tt
-from vllm_omni.models.tiny_common import LOGIT_GAIN, chat_generation_config, randomize_
+from vllm_omni.testing import tiny_tokenizer as tt
+from vllm_omni.testing.tiny_common import LOGIT_GAIN, chat_generation_config, randomize_
 
 QWEN25_OMNI_SEED = 1004
 THINKER_HIDDEN = 128
@@ -32,10 +32,16 @@ CODEC_PAD, CODEC_BOS, CODEC_EOS, CODEC_MASK = 60, 61, 62, 63
 SPEAKERS = ("Chelsie", "Ethan")
 # M-RoPE splits head_dim / 2 = 32 rotary frequencies into (time, height, width) sections.
 MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [8, 12, 12]}
+TOKENIZER = tt.Flavor(
+    "qwen2.5-omni",
+    named_tokens=tt.OMNI_NAMED_TOKENS,
+    more_specials=(tt.TTS_PAD, tt.TTS_TEXT_BOS, tt.TTS_TEXT_EOD),
+    chat_template=tt.OMNI_CHAT_TEMPLATE,
+)
 
 
 def _token_ids() -> dict[str, int]:
-    named = {n: tt.token_id(token, tt.QWEN25_OMNI) for n, token in tt.OMNI_NAMED_TOKENS.items()}
+    named = {n: tt.token_id(token, TOKENIZER) for n, token in tt.OMNI_NAMED_TOKENS.items()}
     return dict(
         audio_token_index=named["audio_token"],
         image_token_index=named["image_token"],
@@ -94,9 +100,9 @@ def qwen25_omni_config():
         tts_codec_start_token_id=CODEC_BOS,
         tts_codec_end_token_id=CODEC_EOS,
         tts_codec_mask_token_id=CODEC_MASK,
-        tts_text_start_token_id=tt.token_id(tt.TTS_TEXT_BOS, tt.QWEN25_OMNI),
-        tts_text_end_token_id=tt.token_id(tt.TTS_TEXT_EOD, tt.QWEN25_OMNI),
-        tts_text_pad_token_id=tt.token_id(tt.TTS_PAD, tt.QWEN25_OMNI),
+        tts_text_start_token_id=tt.token_id(tt.TTS_TEXT_BOS, TOKENIZER),
+        tts_text_end_token_id=tt.token_id(tt.TTS_TEXT_EOD, TOKENIZER),
+        tts_text_pad_token_id=tt.token_id(tt.TTS_PAD, TOKENIZER),
         embedding_size=THINKER_HIDDEN,
         hidden_size=96,
         intermediate_size=192,
@@ -165,7 +171,7 @@ def _processor(out: Path):
         WhisperFeatureExtractor,
     )
 
-    tt.save_tokenizer(out, tt.QWEN25_OMNI)
+    tt.save_tokenizer(out, TOKENIZER)
     tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     return Qwen2_5OmniProcessor(
         image_processor=Qwen2VLImageProcessor(),

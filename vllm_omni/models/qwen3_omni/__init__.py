@@ -3,7 +3,8 @@
 
 from vllm_omni.models.qwen3_omni.code2wav import Qwen3Code2WavKind
 from vllm_omni.models.qwen3_omni.graph import stage_graph
-from vllm_omni.registry import ModelFamily
+from vllm_omni.models.qwen3_omni.tiny import build_qwen3_omni
+from vllm_omni.registry import ModelFamily, TinyModel
 
 
 def _thinker(config):
@@ -85,4 +86,7 @@ FAMILY = ModelFamily(
     },
     api=_speech_api,
     pinned=_pinned,
+    tiny_models={
+        "qwen3-omni": TinyModel(build_qwen3_omni, ("Qwen/Qwen3-Omni-30B-A3B-Instruct",)),
+    },
 )

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vllm_omni.engine.stage_processor import Generator
+from vllm_omni.engine.ar_processor import Generator
 from vllm_omni.models.qwen3_omni.talker_prompt import TalkerSpecials, talker_prompt
 from vllm_omni.models.talker_common import draws_from_seed, finished_thinker, segment_seed
 

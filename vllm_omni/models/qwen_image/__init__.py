@@ -4,7 +4,8 @@
 from vllm_omni.models.qwen_image.graph import stage_graph
 from vllm_omni.models.qwen_image.kinds import QwenImageDiT, QwenImageVAEDecoder
 from vllm_omni.models.qwen_image.prompt import prompt_encoder
-from vllm_omni.registry import ModelFamily
+from vllm_omni.models.qwen_image.tiny import build_qwen_image
+from vllm_omni.registry import ModelFamily, TinyModel
 
 
 def _pinned() -> list:
@@ -22,4 +23,7 @@ FAMILY = ModelFamily(
     processors={"qwen_image_prompt": prompt_encoder},
     executors=(QwenImageDiT(), QwenImageVAEDecoder()),
     pinned=_pinned,
+    tiny_models={
+        "qwen-image": TinyModel(build_qwen_image, ("Qwen/Qwen-Image",)),
+    },
 )

@@ -5,7 +5,8 @@ three input images, each read by the encoder at about 384x384 and encoded by the
 
 from vllm_omni.models.qwen_image.edit.graph import edit_graph
 from vllm_omni.models.qwen_image.edit.prompt import edit_plus_encoder
-from vllm_omni.registry import ModelFamily
+from vllm_omni.models.qwen_image.tiny import build_qwen_image_edit_plus
+from vllm_omni.registry import ModelFamily, TinyModel
 
 FAMILY = ModelFamily(
     name="qwen_image_edit_plus",
@@ -14,4 +15,9 @@ FAMILY = ModelFamily(
     repos=("Qwen/Qwen-Image-Edit-2509",),
     words=("qwen",),
     processors={"qwen_image_edit_plus_prompt": edit_plus_encoder},
+    tiny_models={
+        "qwen-image-edit-plus": TinyModel(
+            build_qwen_image_edit_plus, ("Qwen/Qwen-Image-Edit-2509",)
+        ),
+    },
 )

@@ -4,7 +4,7 @@ model on vLLM, its prompt wrapped as the pipeline wraps it."""
 
 from __future__ import annotations
 
-from vllm_omni.engine.stage_processor import PromptEncoder
+from vllm_omni.engine.ar_processor import PromptEncoder
 
 TEXT_ENCODER = ("text_encoder", "tokenizer")
 """The pipeline's components this stage runs (the DiT and VAE stages do not load them)."""

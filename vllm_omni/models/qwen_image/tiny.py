@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_omni.models import tiny_tokenizer as tt
-from vllm_omni.models.tiny_common import LOGIT_GAIN, randomize_
+from vllm_omni.testing import tiny_tokenizer as tt
+from vllm_omni.testing.tiny_common import LOGIT_GAIN, randomize_
 
 QWEN_IMAGE_SEED = 1003
 QWEN_IMAGE_TEXT_HIDDEN = 128

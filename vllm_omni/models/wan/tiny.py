@@ -12,7 +12,7 @@
   encoder whose penultimate hidden states feed the DiT's image cross-attention, and a DiT that
   takes 36 channels (16 noise, 4 mask, 16 of the VAE-encoded first frame).
 
-The tokenizer is the T5 Unigram tokenizer of the tiny SD3 (sd3/tiny.py), saved as
+The tokenizer is the T5 Unigram tokenizer of the tiny SD3 (diffusers_pipeline/tiny.py), saved as
 `T5TokenizerFast` (the release's is UMT5's, of the same class).
 """
 
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_omni.models.sd3.tiny import t5_text_encoder, t5_tokenizer
-from vllm_omni.models.tiny_common import randomize_
+from vllm_omni.testing.tiny_common import randomize_, t5_text_encoder, t5_tokenizer
 
 WAN_SEED = 1007
 WAN_TEXT_HIDDEN = 64  # the UMT5 encoder's width; the DiT's text_dim (the release's 4096)

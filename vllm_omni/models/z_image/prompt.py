@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_omni.engine.stage_processor import PromptEncoder
+from vllm_omni.engine.ar_processor import PromptEncoder
 
 TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default `max_sequence_length`

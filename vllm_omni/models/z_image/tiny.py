@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_omni.models import tiny_tokenizer as tt
-from vllm_omni.models.tiny_common import randomize_, tiny_autoencoder_kl
+from vllm_omni.testing import tiny_tokenizer as tt
+from vllm_omni.testing.tiny_common import randomize_, tiny_autoencoder_kl
 
 Z_IMAGE_SEED = 1005
 Z_IMAGE_TEXT_HIDDEN = 128  # the transformer's cap_feat_dim

@@ -7,7 +7,8 @@ same executor."""
 from vllm_omni.models.qwen_image.edit.graph import edit_graph
 from vllm_omni.models.qwen_image.edit.kinds import QwenImageEditDiT
 from vllm_omni.models.qwen_image.edit.prompt import edit_encoder
-from vllm_omni.registry import ModelFamily
+from vllm_omni.models.qwen_image.tiny import build_qwen_image_edit
+from vllm_omni.registry import ModelFamily, TinyModel
 
 FAMILY = ModelFamily(
     name="qwen_image_edit",
@@ -17,4 +18,7 @@ FAMILY = ModelFamily(
     words=("qwen",),
     processors={"qwen_image_edit_prompt": edit_encoder},
     executors=(QwenImageEditDiT(),),
+    tiny_models={
+        "qwen-image-edit": TinyModel(build_qwen_image_edit, ("Qwen/Qwen-Image-Edit",)),
+    },
 )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_omni.diffusion.params import INPUT_IMAGES as IMAGE_ARG
-from vllm_omni.engine.stage_processor import PromptEncoder
+from vllm_omni.engine.ar_processor import PromptEncoder
 from vllm_omni.errors import FieldError
 from vllm_omni.models.qwen_image.edit.conditioning import VAE_AREA, area_size
 

@@ -6,14 +6,15 @@ Qwen-Image transformer's time embedding (`smooth_time_embedding_`, used by the t
 benchmarks that build their own transformers).
 
 The builders themselves live in each family's folder (`vllm_omni/models/*/tiny.py`) and
-`vllm_omni/models/tiny.py` builds them all; this module imports none of them.
+`vllm_omni/testing/tiny.py` builds them all; this module imports none of them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import string
+from typing import TYPE_CHECKING, Any
 
-from vllm_omni.models import tiny_tokenizer as tt
+from vllm_omni.testing import tiny_tokenizer as tt
 
 if TYPE_CHECKING:
     import torch
@@ -118,3 +119,63 @@ def tiny_autoencoder_kl(latent_channels: int, scaling: float, shift: float, samp
         use_post_quant_conv=False,
         mid_block_add_attention=True,
     )
+
+
+T5_HIDDEN = 128  # the tiny T5 encoders' width (T5-XXL in the releases: 4096)
+T5_MAX_LENGTH = 512  # the T5 tokenizer's model_max_length (the pipelines cap at 512)
+
+# Words the tiny text encoders' tokenizers know: T5 has each as a whole-word piece, CLIP the
+# merges that spell each (a merge learned for an earlier word can win over a later word's: "cat"
+# is "c" "at</w>").
+WORDS = (
+    "a", "an", "the", "of", "and", "in", "on", "with", "at", "by", "photo", "image", "picture",
+    "painting", "red", "green", "blue", "white", "black", "yellow", "cat", "dog", "bird", "tree",
+    "house", "car", "man", "woman", "sky", "sea", "city", "street", "mountain", "flower",
+    "portrait", "light", "small", "large", "old", "bright", "dark", "blurry", "ugly",
+)  # fmt: skip
+
+
+def t5_tokenizer():
+    """A T5 tokenizer (Unigram, T5's special ids: <pad> 0, </s> 1, <unk> 2) over the word-start
+    marker, `WORDS` as whole words and the printable ASCII characters; no sentinel tokens."""
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
+    pieces += [("\u2581" + word, -5.0 - 0.01 * i) for i, word in enumerate(WORDS)]
+    chars = string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation
+    pieces += [(c, -10.0) for c in chars]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=T5_MAX_LENGTH)
+
+
+def t5_text_encoder(vocab_size: int, seed: int, width: int = T5_HIDDEN, umt5: bool = False) -> Any:
+    """T5 v1.1's encoder (gated GELU, relative position buckets), 2 layers of 2 heads; `umt5`:
+    UMT5's (the same with position buckets per layer)."""
+    import torch
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    config_class, model_class = (
+        (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
+    )
+    config = config_class(
+        vocab_size=-(-vocab_size // 64) * 64,  # padded, as the release's 32128 for 32100 tokens
+        d_model=width,
+        d_kv=width // 2,
+        d_ff=2 * width,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = model_class(config)
+    randomize_(model, seed)
+    return model

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_omni.engine.stage_processor import Generator, PromptEncoder
+from vllm_omni.engine.ar_processor import Generator, PromptEncoder
 
 
 def test_prompts_are_wrapped_in_the_template_one_tensor_each() -> None:

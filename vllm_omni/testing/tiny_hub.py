@@ -6,7 +6,7 @@ A user types `Qwen/Qwen-Image`; huggingface_hub finds it in its cache (`HF_HUB_C
 a relative link to its blob. This writes the tiny models in that layout, so that tests and the
 demo take the path a real checkpoint takes (`HF_HUB_OFFLINE=1`, no download):
 
-    python -m vllm_omni.models.tiny_hub --cache DIR
+    python -m vllm_omni.testing.tiny_hub --cache DIR
     HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1 vllm serve Qwen/Qwen-Image --omni
 """
 
@@ -19,23 +19,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from vllm_omni.models.tiny import build_tiny_models, default_models_dir
+from vllm_omni.registry import tiny_models
+from vllm_omni.testing.tiny import build_tiny_models, default_models_dir
 
-HUB_NAMES: dict[str, str] = {
-    "Qwen/Qwen-Image": "qwen-image",
-    "Qwen/Qwen2.5-Omni-7B": "qwen2.5-omni",
-    "Qwen/Qwen2.5-Omni-3B": "qwen2.5-omni",
-    "Qwen/Qwen3-Omni-30B-A3B-Instruct": "qwen3-omni",
-    "Qwen/Qwen2.5-0.5B-Instruct": "qwen2-2l",
-    "stabilityai/stable-diffusion-3.5-medium": "sd3",
-    "Tongyi-MAI/Z-Image-Turbo": "z-image",
-    "Qwen/Qwen-Image-Edit": "qwen-image-edit",
-    "Qwen/Qwen-Image-Edit-2509": "qwen-image-edit-plus",
-    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan2.1-t2v",
-    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": "wan2.2-t2v",
-    "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": "wan2.1-i2v",
-}
-"""Real repo id -> the tiny model of the same architecture stored under it."""
+
+def hub_names() -> dict[str, str]:
+    """Real repo id -> the tiny model of the same architecture stored under it (what the
+    families declare: `TinyModel.repos`)."""
+    return {repo: name for name, model in tiny_models().items() for repo in model.repos}
 
 
 def repo_folder(cache: Path, repo_id: str) -> Path:
@@ -90,17 +81,18 @@ def store_snapshot(cache: Path, repo_id: str, folder: Path) -> Path:
 def build_hub_cache(cache: Path, repo_ids: list[str] | None = None) -> dict[str, Path]:
     """Build the tiny models (if needed) and store them in `cache` under their real names;
     returns repo id -> snapshot folder."""
-    repo_ids = list(HUB_NAMES) if repo_ids is None else repo_ids
-    unknown = [r for r in repo_ids if r not in HUB_NAMES]
+    names = hub_names()
+    repo_ids = list(names) if repo_ids is None else repo_ids
+    unknown = [r for r in repo_ids if r not in names]
     if unknown:
-        raise ValueError(f"repo_ids: no tiny model for {unknown}; known: {list(HUB_NAMES)}")
-    tiny = build_tiny_models(default_models_dir(), sorted({HUB_NAMES[r] for r in repo_ids}))
-    return {r: store_snapshot(Path(cache), r, tiny[HUB_NAMES[r]]) for r in repo_ids}
+        raise ValueError(f"repo_ids: no tiny model for {unknown}; known: {list(names)}")
+    tiny = build_tiny_models(default_models_dir(), sorted({names[r] for r in repo_ids}))
+    return {r: store_snapshot(Path(cache), r, tiny[names[r]]) for r in repo_ids}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vllm_omni.models.tiny_hub",
+        prog="python -m vllm_omni.testing.tiny_hub",
         description="Store the tiny models in a Hugging Face hub cache under the real repo names.",
     )
     parser.add_argument("--cache", type=Path, required=True, help="the cache (HF_HUB_CACHE)")

@@ -25,11 +25,15 @@ projected pooled outputs (32 + 64) condition the DiT's time embedding, as in the
 from __future__ import annotations
 
 import json
-import string
 from pathlib import Path
-from typing import Any
 
-from vllm_omni.models.tiny_common import randomize_, tiny_autoencoder_kl
+from vllm_omni.testing.tiny_common import (
+    WORDS,
+    randomize_,
+    t5_text_encoder,
+    t5_tokenizer,
+    tiny_autoencoder_kl,
+)
 
 SD3_SEED = 1006
 SD3_CLIP_L_HIDDEN = 32  # text_encoder (CLIP-L in the release: 768)
@@ -43,15 +47,6 @@ SD3_T5_MAX_LENGTH = 512  # the T5 tokenizer's model_max_length (the pipeline cap
 
 STARTOFTEXT = "<|startoftext|>"
 ENDOFTEXT = "<|endoftext|>"
-
-# Words the tokenizers know: T5 has each as a whole-word piece, CLIP the merges that spell each
-# (a merge learned for an earlier word can win over a later word's: "cat" is "c" "at</w>").
-_WORDS = (
-    "a", "an", "the", "of", "and", "in", "on", "with", "at", "by", "photo", "image", "picture",
-    "painting", "red", "green", "blue", "white", "black", "yellow", "cat", "dog", "bird", "tree",
-    "house", "car", "man", "woman", "sky", "sea", "city", "street", "mountain", "flower",
-    "portrait", "light", "small", "large", "old", "bright", "dark", "blurry", "ugly",
-)  # fmt: skip
 
 
 def _byte_symbols() -> list[str]:
@@ -69,7 +64,7 @@ def _clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     tokens = symbols + [s + "</w>" for s in symbols]
     vocab = {token: i for i, token in enumerate(tokens)}
     merges: list[tuple[str, str]] = []
-    for word in _WORDS:
+    for word in WORDS:
         # Merge left to right: ("r", "e") -> "re", ("re", "d</w>") -> "red</w>".
         parts = [*word[:-1], word[-1] + "</w>"]
         while len(parts) > 1:
@@ -115,18 +110,6 @@ def _clip_tokenizer(folder: Path, pad_token: str):
     return CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def t5_tokenizer():
-    """A T5 tokenizer (Unigram, T5's special ids: <pad> 0, </s> 1, <unk> 2) over the word-start
-    marker, `_WORDS` as whole words and the printable ASCII characters; no sentinel tokens."""
-    from transformers import T5TokenizerFast
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
-    pieces += [("\u2581" + word, -5.0 - 0.01 * i) for i, word in enumerate(_WORDS)]
-    chars = string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation
-    pieces += [(c, -10.0) for c in chars]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=SD3_T5_MAX_LENGTH)
-
-
 def _clip_text_encoder(hidden: int, vocab: dict[str, int], hidden_act: str, seed: int):
     import torch
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection
@@ -148,42 +131,6 @@ def _clip_text_encoder(hidden: int, vocab: dict[str, int], hidden_act: str, seed
     )
     torch.manual_seed(seed)
     model = CLIPTextModelWithProjection(config)
-    randomize_(model, seed)
-    return model
-
-
-def t5_text_encoder(
-    vocab_size: int, seed: int, width: int = SD3_T5_HIDDEN, umt5: bool = False
-) -> Any:
-    """T5 v1.1's encoder (gated GELU, relative position buckets), 2 layers of 2 heads; `umt5`:
-    UMT5's (the same with position buckets per layer)."""
-    import torch
-    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
-
-    config_class, model_class = (
-        (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
-    )
-    config = config_class(
-        vocab_size=-(-vocab_size // 64) * 64,  # padded, as the release's 32128 for 32100 tokens
-        d_model=width,
-        d_kv=width // 2,
-        d_ff=2 * width,
-        num_layers=2,
-        num_heads=2,
-        relative_attention_num_buckets=32,
-        relative_attention_max_distance=128,
-        dropout_rate=0.0,
-        layer_norm_epsilon=1e-6,
-        feed_forward_proj="gated-gelu",
-        is_encoder_decoder=False,
-        use_cache=False,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-        dtype="float32",
-    )
-    torch.manual_seed(seed)
-    model = model_class(config)
     randomize_(model, seed)
     return model
 

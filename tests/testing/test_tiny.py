@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_omni.models import tiny
-from vllm_omni.models import tiny_tokenizer as tt
 from vllm_omni.models.plain_lm.tiny import TinyLMConfig
+from vllm_omni.testing import tiny
+from vllm_omni.testing import tiny_tokenizer as tt
 
 from ..helpers.greedy_reference import TEXT_NEW_TOKENS as NEW_TOKENS
 from ..helpers.greedy_reference import TEXT_PROMPTS as PROMPTS
@@ -81,15 +81,26 @@ def test_tokenizer_special_tokens_and_chat_template(tiny_models: dict[str, Path]
 
 
 def test_build_is_cached(tiny_models: dict[str, Path]) -> None:
+    names = ["qwen2-2l", "z-image"]
+
     def written() -> dict[str, int]:  # a rebuild writes the marker afresh
-        return {name: (path / tiny.MARKER).stat().st_mtime_ns for name, path in tiny_models.items()}
+        return {name: (tiny_models[name] / tiny.MARKER).stat().st_mtime_ns for name in names}
 
     before = written()
-    again = tiny.build_tiny_models(tiny.default_models_dir())
-    assert again == tiny_models
+    again = tiny.build_tiny_models(tiny.default_models_dir(), names)
+    assert again == {name: tiny_models[name] for name in names}
     assert written() == before
-    for name, path in tiny_models.items():
-        assert tiny.is_complete(path), name
+    for name in names:
+        assert tiny.is_complete(tiny_models[name]), name
+
+
+def test_models_are_built_on_first_use(tmp_path: Path) -> None:
+    models = tiny.TinyModels(tmp_path)
+    assert "qwen2-2l" in models and "no-such-model" not in models
+    assert not list(tmp_path.iterdir())  # asking what exists builds nothing
+    assert models["qwen2-2l"] == tmp_path / "qwen2-2l"
+    assert [p.name for p in tmp_path.iterdir()] == ["qwen2-2l"]  # that one only
+    assert set(models) == set(tiny.tiny_models()) and len(models) == len(tiny.tiny_models())
 
 
 def test_build_is_byte_identical_and_rebuilds_stale(

@@ -224,12 +224,6 @@ class Flavor:
 
 
 PLAIN = Flavor("plain")
-QWEN25_OMNI = Flavor(
-    "qwen2.5-omni",
-    named_tokens=OMNI_NAMED_TOKENS,
-    more_specials=(TTS_PAD, TTS_TEXT_BOS, TTS_TEXT_EOD),
-    chat_template=OMNI_CHAT_TEMPLATE,
-)
 
 
 def _corpus_lines(flavor: Flavor) -> list[str]:
