@@ -28,6 +28,7 @@ def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
         "qwen_image_edit_plus",
         "z_image",
         "wan",
+        "aura_flow",
         "qwen2_5_omni",
         "qwen3_omni",
         PLAIN_LM,
@@ -68,6 +69,8 @@ def test_detection(tmp_path: Path) -> None:
     img2img = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
     with pytest.raises(ValueError, match=r"its __call__ takes no \['height', 'width'\]"):
         detect_family(img2img)
+    aura = checkpoint({"model_index.json": {"_class_name": "AuraFlowPipeline"}})
+    assert detect_family(aura).name == "aura_flow"  # a family of its own: step-batched
     for pipeline in ("WanPipeline", "WanImageToVideoPipeline"):
         wan = checkpoint({"model_index.json": {"_class_name": pipeline}})
         assert detect_family(wan) is get_family("wan")
@@ -119,6 +122,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "qwen_image_edit",
         "z_image",
         "wan",
+        "aura_flow",
     }
     for family in families().values():
         for stage in family.graph()["stages"]:

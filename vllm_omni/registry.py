@@ -36,6 +36,7 @@ FAMILY_PACKAGES = (
     "qwen_image.edit_plus",
     "z_image",
     "wan",
+    "aura_flow",
     "qwen2_5_omni",
     "qwen3_omni",
     "plain_lm",

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Image models by name through `vllm serve NAME --omni` (the tiny pipelines under the real
-names): Z-Image (its Qwen3 on vLLM, the DiT step-batched) and a pipeline no family claims,
-Stable Diffusion 3.5 (served whole). The OpenAI Images API through the official openai client
-gives the images diffusers' own call makes; bad requests get 400 naming the field."""
+names): Z-Image (its Qwen3 on vLLM, the DiT step-batched), AuraFlow (one process stage,
+step-batched) and a pipeline no family claims, Stable Diffusion 3.5 (served whole). The OpenAI
+Images API through the official openai client gives the images diffusers' own call makes; bad
+requests get 400 naming the field."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ from ..helpers.server import BIN, ServerProcess
 
 pytestmark = pytest.mark.engine
 
-MODELS = {"Tongyi-MAI/Z-Image-Turbo": "z-image", "stabilityai/stable-diffusion-3.5-medium": "sd3"}
+MODELS = {
+    "Tongyi-MAI/Z-Image-Turbo": "z-image",
+    "fal/AuraFlow-v0.3": "aura-flow",
+    "stabilityai/stable-diffusion-3.5-medium": "sd3",
+}
 MAX_PIXEL_DIFF = 2  # of 255
 
 
