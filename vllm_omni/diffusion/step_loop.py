@@ -157,7 +157,8 @@ class StepwiseExecutor:
 
     # ------------------------------------------------------------------ the loop's steps
     def prepare(self, requests: list[DiTRequest]) -> None:
-        states = self.runner.prepare(requests)
+        with torch.inference_mode():  # text and image encoders run here; no autograd state kept
+            states = self.runner.prepare(requests)
         for request, prepared in zip(requests, states, strict=True):
             self.cache.allocate(
                 request.request_id,
