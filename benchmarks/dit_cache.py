@@ -15,8 +15,8 @@ mechanism, not a claim about image quality):
 
 Per configuration, 20 steps, `--prompts` prompts (seeds 0..n-1):
 - alone: each prompt uncached, then at each threshold, interleaved prompt by prompt so drift
-  hits all equally; DiT time is the denoising loop (DiffusionModelRunner steps), not the VAE;
-  also on the transformer's calls alone, as cache-dit's figure is measured.
+  hits all equally; DiT time is the denoising loop (the stage's step loop over QwenImageRunner),
+  not the VAE; also on the transformer's calls alone, as cache-dit's figure is measured.
 - batched: `--batch` requests in one step-level batch, request k joining at step 2k, uncached
   then each threshold, `--runs` times (median ratio); each request's image is also compared
   with the same request cached alone at that threshold (isolation, in 1/255 steps).
