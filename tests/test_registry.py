@@ -57,7 +57,7 @@ def test_detection(tmp_path: Path) -> None:
     assert detect_family(qwen3).name == "qwen3_omni"
     assert detect_family(checkpoint({"config.json": {"model_type": "llama"}})).name == PLAIN_LM
     flux = checkpoint({"model_index.json": {"_class_name": "FluxPipeline"}})
-    assert detect_family(flux).name == ANY_PIPELINE  # text-to-image: served whole
+    assert detect_family(flux).name == ANY_PIPELINE  # text-to-image: its own call, step-batched
     inpaint = checkpoint({"model_index.json": {"_class_name": "StableDiffusionInpaintPipeline"}})
     with pytest.raises(
         ValueError,

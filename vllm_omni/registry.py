@@ -47,7 +47,8 @@ package or module inside it where one folder holds related families (Qwen-Image'
 PLAIN_LM = "lm"
 """The family of any transformers model no other family claims: one AR stage."""
 ANY_PIPELINE = "diffusers_pipeline"
-"""The family of any diffusers pipeline no other family claims, served whole if it can be."""
+"""The family of any diffusers pipeline no other family claims: its own `__call__` per request,
+step-batched, where it can be served."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Image models by name through `vllm serve NAME --omni` (the tiny pipelines under the real
 names): Z-Image (its Qwen3 on vLLM, the DiT step-batched), AuraFlow (one process stage,
-step-batched) and a pipeline no family claims, Stable Diffusion 3.5 (served whole). The OpenAI
-Images API through the official openai client gives the images diffusers' own call makes; bad
-requests get 400 naming the field."""
+step-batched) and a pipeline no family claims, Stable Diffusion 3.5 (its own call, step-batched).
+The OpenAI Images API through the official openai client gives the images diffusers' own call
+makes; bad requests get 400 naming the field."""
 
 from __future__ import annotations
 

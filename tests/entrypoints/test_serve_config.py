@@ -157,7 +157,7 @@ def test_which_server_a_local_folder_goes_to(tmp_path) -> None:
     sd3 = tmp_path / "sd3"
     sd3.mkdir()
     (sd3 / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}))
-    assert is_multi_stage(str(sd3))  # served whole
+    assert is_multi_stage(str(sd3))  # one process stage
     gguf = tmp_path / "gguf"
     gguf.mkdir()
     (gguf / "model.gguf").write_text("")

@@ -9,6 +9,7 @@ held (`num_entries`, `num_bytes`) - the DiT counterpart of vLLM's KV block accou
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,18 @@ class DiTCacheConfig:
 
 @dataclass
 class DiTCacheEntry:
+    """`on_release`: frees what the request holds outside its tensors (a paused pipeline run),
+    called once when the entry goes, however it goes."""
+
     tensors: dict[str, torch.Tensor]
     state: dict[str, Any] = field(default_factory=dict)  # non-tensor step state (sampler, ...)
     touched: float = field(default_factory=time.monotonic)
+    on_release: Callable[[], None] | None = None
+
+    def release(self) -> None:
+        if self.on_release is not None:
+            self.on_release, on_release = None, self.on_release
+            on_release()
 
     @property
     def num_bytes(self) -> int:
@@ -54,11 +64,15 @@ class DiTCacheManager:
         return self.num_bytes + num_bytes <= self.config.max_bytes
 
     def allocate(
-        self, request_id: str, tensors: dict[str, torch.Tensor], **state: Any
+        self,
+        request_id: str,
+        tensors: dict[str, torch.Tensor],
+        on_release: Callable[[], None] | None = None,
+        **state: Any,
     ) -> DiTCacheEntry:
         if request_id in self._entries:
             raise ValueError(f"request_id: {request_id!r} already has a DiT cache entry")
-        entry = DiTCacheEntry(tensors=dict(tensors), state=dict(state))
+        entry = DiTCacheEntry(tensors=dict(tensors), state=dict(state), on_release=on_release)
         self._entries[request_id] = entry
         return entry
 
@@ -69,17 +83,22 @@ class DiTCacheManager:
         return entry
 
     def release(self, request_id: str) -> bool:
-        return self._entries.pop(request_id, None) is not None
+        entry = self._entries.pop(request_id, None)
+        if entry is None:
+            return False
+        entry.release()
+        return True
 
     def clear_expired(self, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now
         expired = [rid for rid, e in self._entries.items() if now - e.touched > self.config.ttl_s]
         for rid in expired:
-            del self._entries[rid]
+            self.release(rid)
         return expired
 
     def clear(self) -> None:
-        self._entries.clear()
+        for rid in list(self._entries):
+            self.release(rid)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._entries

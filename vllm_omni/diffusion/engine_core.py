@@ -61,6 +61,8 @@ class DiffusionEngineCore:
         self.last_step_s = 0.0
         self.last_progress: dict[str, tuple[int, int]] = {}
         """The last step's requests: request id -> (steps done, steps in all)."""
+        self.last_failed: dict[str, BaseException] = {}
+        """The requests that failed alone in the last step (aborted), and why."""
 
     @property
     def info(self) -> StageInfo:
@@ -80,11 +82,14 @@ class DiffusionEngineCore:
     def step(self) -> tuple[list[tuple[DiTRequest, object]], float, float]:
         scheduled = self.scheduler.schedule()
         start = time.monotonic()
-        self.last_progress = {}
+        self.last_progress, self.last_failed = {}, {}
         if scheduled.is_empty:
             return [], start, start
         requests = self.scheduler.requests
         output = self.executor.execute_model(scheduled, requests)
+        for request_id, error in output.failed.items():
+            self.scheduler.abort_request(request_id)
+            self.last_failed[request_id] = error
         ran = [requests[rid] for group in scheduled.groups for rid in group if rid in requests]
         finished = self.scheduler.update_from_output(scheduled, output)
         end = time.monotonic()
@@ -173,6 +178,15 @@ def _step(core: DiffusionEngineCore, outbox) -> None:
         return
     running = core.scheduler.num_running + len(finished)
     outbox.put(("step", None, (start, end, running, core.last_progress)))
+    for request_id, error in core.last_failed.items():
+        message = f"{type(error).__name__}: {error}"
+        outbox.put(
+            (
+                "failed",
+                request_id,
+                error if isinstance(error, ValueError) else RuntimeError(message),
+            )
+        )
     for request, result in finished:
         if torch.is_tensor(result):
             result = result.numpy()  # latents, waveforms; images are uint8 arrays already

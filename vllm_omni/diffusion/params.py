@@ -29,7 +29,7 @@ class DiffusionSamplingParams:
     `height`/`width` of None take the pipeline's default size. `seed` of None draws a fresh one
     (the output reports it, so any image can be reproduced). Classifier-free guidance runs only
     with a `negative_prompt` and `true_cfg_scale > 1`, as in diffusers' Qwen-Image pipeline.
-    `guidance_scale`: for pipelines served whole that take one (Stable Diffusion 3, Flux,
+    `guidance_scale`: for pipelines run by their own call that take one (Stable Diffusion 3, Flux,
     Z-Image: their own guidance rules); None keeps the pipeline's default.
     `cache_threshold`: this request's first-block residual caching threshold (None: the stage's
     `residual_cache` setting; 0: off; docs/dit_acceleration.md); step scheduling only.

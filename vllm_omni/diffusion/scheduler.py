@@ -83,11 +83,13 @@ class DiTRunnerOutput:
     """`finished`: request id -> its result (images or latents). `step_seconds`: wall time of
     each group's call, in group order (in step mode its denoising step only: the deadline
     policy's step prices); `decode_seconds`: of the VAE decode that followed it, for the
-    group's requests that finished (step mode)."""
+    group's requests that finished (step mode). `failed`: request id -> why, for requests that
+    failed alone (the others go on)."""
 
     finished: dict[str, object] = field(default_factory=dict)
     step_seconds: list[float] = field(default_factory=list)
     decode_seconds: list[float] = field(default_factory=list)
+    failed: dict[str, BaseException] = field(default_factory=dict)
 
 
 class DiffusionScheduler:

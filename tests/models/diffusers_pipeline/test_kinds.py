@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The whole-pipeline executor kind's request handling, without a pipeline."""
+"""The pipeline-call executor kind's request handling, without a pipeline."""
 
 from __future__ import annotations
 

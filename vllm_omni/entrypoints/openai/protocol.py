@@ -128,7 +128,7 @@ class ImageOptions(StrictBody):
         None,
         ge=0,
         allow_inf_nan=False,
-        description="For models whose pipeline takes one (served whole: Stable Diffusion 3, "
+        description="For models whose pipeline takes one (Stable Diffusion 3, "
         "Flux, Z-Image); default: the pipeline's",
     )
     cache_threshold: float | None = Field(

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Any diffusers text-to-image pipeline no other family claims, served whole: one process stage
-that calls the pipeline (its own text encoders included), batching compatible requests into one
-call."""
+"""Any diffusers text-to-image or image-editing pipeline no other family claims: one process
+stage in which each request runs the pipeline's own `__call__` (its text encoders included),
+step-batched by the framework's call loop."""
 
 from vllm_omni.models.diffusers_pipeline.graph import stage_graph
-from vllm_omni.models.diffusers_pipeline.kinds import WholePipelineKind
+from vllm_omni.models.diffusers_pipeline.kinds import PipelineCallKind
 from vllm_omni.models.diffusers_pipeline.signature import check_text_to_image
 from vllm_omni.models.diffusers_pipeline.tiny import build_sd3
 from vllm_omni.registry import ANY_PIPELINE, ModelFamily, TinyModel
@@ -12,7 +12,7 @@ from vllm_omni.registry import ANY_PIPELINE, ModelFamily, TinyModel
 FAMILY = ModelFamily(
     name=ANY_PIPELINE,
     graph=stage_graph,
-    executors=(WholePipelineKind(),),
+    executors=(PipelineCallKind(),),
     serves_pipeline=check_text_to_image,
     tiny_models={
         "sd3": TinyModel(build_sd3, ("stabilityai/stable-diffusion-3.5-medium",)),

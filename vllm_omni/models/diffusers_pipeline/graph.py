@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The stage graph of a pipeline served whole: one process stage, from the prompt's text (and
-an editing pipeline's input images)."""
+"""The stage graph of a pipeline run by its own `__call__`: one process stage, from the prompt's
+text (and an editing pipeline's input images)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def whole_pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
-    """One process stage running `executor` (a whole-pipeline kind) over the checkpoint."""
+def pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
+    """One process stage running `executor` over the whole checkpoint."""
     return {
         "model_type": model_type,
         "stages": [
@@ -17,7 +17,7 @@ def whole_pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
                 "engine_type": "DiT",
                 "model": ".",
                 "executor": executor,
-                "scheduler": "fifo",
+                "scheduler": "step",
                 "input_modalities": ["text", "image"],
                 "output_modalities": ["image"],
                 "final_output": True,
@@ -27,4 +27,4 @@ def whole_pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
 
 
 def stage_graph() -> dict[str, Any]:
-    return whole_pipeline_graph("diffusers_pipeline", "diffusers_pipeline")
+    return pipeline_graph("diffusers_pipeline", "diffusers_pipeline")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What a stage that serves a whole pipeline reports once it is up."""
+"""What a stage that runs a pipeline's own call reports once it is up."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from vllm_omni.diffusion.executor_kind import ImageStageInfo
 
 @dataclass(frozen=True)
 class PipelineStageInfo(ImageStageInfo):
-    """An image stage that calls a whole pipeline: its class and what its `__call__` takes."""
+    """An image stage that runs a pipeline's own call: its class and what its `__call__` takes."""
 
     pipeline_class: str
     call_args: frozenset[str]

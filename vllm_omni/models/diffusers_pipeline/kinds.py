@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The executor that serves a whole diffusers pipeline, as registered: `diffusers_pipeline`."""
+"""The executor that runs a diffusers pipeline's own `__call__`, step-batched, as registered:
+`diffusers_pipeline`."""
 
 from __future__ import annotations
 
@@ -8,32 +9,38 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from vllm_omni.diffusion.call_loop import CallLoopExecutor
+from vllm_omni.diffusion.config import resolve_device
 from vllm_omni.diffusion.executor_kind import ImageKind, StageInfo
 from vllm_omni.diffusion.params import DiffusionSamplingParams, check_input_images
+from vllm_omni.diffusion.pipeline_loader import stage_pipeline
 from vllm_omni.errors import FieldError
 from vllm_omni.models.diffusers_pipeline.info import PipelineStageInfo
 from vllm_omni.models.diffusers_pipeline.signature import IMAGE_ARG
 
 
-class WholePipelineKind(ImageKind):
-    """Requests run whole (`fifo`): those sharing size, steps and guidance go into one call;
-    a request with input images (an editing pipeline's) runs in a call of its own."""
+class PipelineCallKind(ImageKind):
+    """Each request runs the pipeline's own `__call__`; the framework's call loop batches the
+    denoiser calls of the requests at a step (`step` scheduling: they join and leave at step
+    boundaries) or runs groups of whole requests (`fifo`)."""
 
     name = "diffusers_pipeline"
-    whole_requests = True
     request_options = ("negative_prompt", IMAGE_ARG)
 
     def build(self, config, cache, pipe: Any = None):
-        from vllm_omni.models.diffusers_pipeline.executor import WholePipelineExecutor
+        from vllm_omni.models.diffusers_pipeline.calls import ImagePipelineCalls
 
-        return WholePipelineExecutor(config, cache, pipe)
+        device = resolve_device(config.device)
+        pipe = stage_pipeline(config, device, pipe)
+        return CallLoopExecutor(config, cache, ImagePipelineCalls(pipe))
 
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
         params = super().validate(params, stage, scheduler, info)
         if params.output_type != "pil":
             raise FieldError(
                 "output_type",
-                f"a pipeline served whole returns images ('pil'), not {params.output_type!r}",
+                f"a pipeline run by its own call returns images ('pil'), not "
+                f"{params.output_type!r}",
             )
         return params
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which diffusers pipelines can be served whole: a `__call__` that makes an image from a prompt,
-optionally editing input images (`image`)."""
+"""Which diffusers pipelines the family serves by their own `__call__`: one that makes an image
+from a prompt, optionally editing input images (`image`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def call_args(pipeline_class: type) -> frozenset[str]:
 
 
 def check_text_to_image(class_name: str) -> None:
-    """Raise ValueError saying why diffusers' `class_name` cannot be served whole (the reason
+    """Raise ValueError saying why diffusers' `class_name` cannot be served (the reason
     reads after "... of class X, which"): it must make an image from a prompt at a requested
     size, and may edit input images."""
     import diffusers
@@ -35,7 +35,7 @@ def check_text_to_image(class_name: str) -> None:
     media = [name for name in INPUT_MEDIA_ARGS if name in args]
     if media:
         raise ValueError(
-            f"takes {media[0]!r}: only text-to-image and image-editing pipelines are served whole"
+            f"takes {media[0]!r}: only text-to-image and image-editing pipelines are served"
         )
     missing = [name for name in TEXT_TO_IMAGE_ARGS if name not in args]
     if missing:

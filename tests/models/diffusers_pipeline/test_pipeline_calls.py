@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Diffusers pipelines no family claims, served whole (the tiny Stable Diffusion 3; Z-Image and
-Qwen-Image-Edit through graphs that name the whole-pipeline executor): OmniLLM's images equal the
-pipeline's own call for each prompt and seed alone, batched or not."""
+"""Diffusers pipelines no family claims, each request running the pipeline's own call, step-batched
+(the tiny Stable Diffusion 3; Z-Image and Qwen-Image-Edit through graphs that name the executor):
+OmniLLM's images equal the pipeline's own call for each prompt and seed alone, and requests of
+other step counts and guidance share denoising steps."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from vllm_omni import DiffusionSamplingParams, OmniLLM
 from vllm_omni.errors import FieldError
-from vllm_omni.models.diffusers_pipeline.graph import whole_pipeline_graph
+from vllm_omni.models.diffusers_pipeline.graph import pipeline_graph
 
 from ...helpers.diffusers_reference import pipeline_image
 
@@ -25,10 +26,8 @@ def model(request, tiny_models):
 @pytest.fixture(scope="module")
 def omni(model):
     # SD3 by its built-in graph (no family claims it); Z-Image's family runs it in stages, so
-    # it is served whole through a graph naming the executor
-    graph = (
-        whole_pipeline_graph("z_image", "diffusers_pipeline") if "z-image" in str(model) else None
-    )
+    # it runs through a graph naming the executor
+    graph = pipeline_graph("z_image", "diffusers_pipeline") if "z-image" in str(model) else None
     with OmniLLM(model, stage_configs=graph) as omni:
         yield omni
 
@@ -65,6 +64,23 @@ def test_images_equal_the_pipelines_own(omni, pipe):
         assert diff <= MAX_PIXEL_DIFF, (prompt, diff)
         assert out.seed == p.seed
     assert not np.array_equal(np.asarray(outputs[0].images[0]), np.asarray(outputs[1].images[0]))
+
+
+def test_requests_of_other_steps_and_guidance_share_steps(omni):
+    """4 + 2 + 3 steps of one size in 4 engine steps (5 where the others arrive a step after the
+    first), not 9: each step runs the requests at it in one batched denoiser call."""
+    prompts = ["a red cat", "a boat", "a tree"]
+    params = [
+        DiffusionSamplingParams(height=64, width=64, num_inference_steps=4, seed=0),
+        DiffusionSamplingParams(height=64, width=64, num_inference_steps=2, seed=1),
+        DiffusionSamplingParams(
+            height=64, width=64, num_inference_steps=3, seed=2, guidance_scale=3.0
+        ),
+    ]
+    before = omni.get_stage_stats()["pipeline"]["num_steps"]
+    outputs = omni.generate(prompts, params, use_tqdm=False)
+    assert all(out.images for out in outputs)
+    assert omni.get_stage_stats()["pipeline"]["num_steps"] - before in (4, 5)
 
 
 DEFAULT_SIZES = {
@@ -104,15 +120,15 @@ def test_a_request_without_text_is_refused(omni):
     assert out.images
 
 
-def test_an_editing_pipeline_served_whole_equals_its_own_call(tiny_models):
-    """Any editing pipeline runs whole, one edit per call: here Qwen-Image-Edit through a graph
-    that names the whole-pipeline executor (its family's graph runs it in stages instead)."""
+def test_an_editing_pipeline_equals_its_own_call(tiny_models):
+    """Any editing pipeline runs by its own call: here Qwen-Image-Edit through a graph that
+    names the executor (its family's graph runs it in stages instead)."""
     from diffusers import DiffusionPipeline
 
     from ...helpers.media import picture
 
     folder = tiny_models["qwen-image-edit"]
-    graph = whole_pipeline_graph("qwen_image_edit", "diffusers_pipeline")
+    graph = pipeline_graph("qwen_image_edit", "diffusers_pipeline")
     p = DiffusionSamplingParams(height=32, width=48, num_inference_steps=2, seed=3)
     with OmniLLM(folder, stage_configs=graph) as omni:
         out = omni.generate({"prompt": "make it red", "image": picture(0)}, p, use_tqdm=False)
