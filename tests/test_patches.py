@@ -166,3 +166,22 @@ def test_cpu_shm_unlink_removes_only_the_groups_names(tmp_path, monkeypatch):
     assert len(calls[0]) == 4  # vLLM's set-up ran first, with every segment there
     assert sorted(os.listdir(tmp_path)) == ["other", "vllm_dist_ab12-pp:0-[0-2]-cpushm_0"]
     assert _patches.unlink_cpu_shm(group) == []  # another rank was first: nothing to do
+
+
+def test_a_tokenizer_folder_without_a_model_config_is_not_parsed(tmp_path, tiny_models):
+    from vllm.tokenizers import registry
+
+    calls = []
+    get_config = _patches._wrap_tokenizer_get_config(lambda model, **kw: calls.append(model))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(ValueError, match="no model config"):
+        get_config(str(tmp_path), trust_remote_code=False)
+    assert calls == []  # vLLM's parser (which sleeps 2 s before retrying) never ran
+    (tmp_path / "config.json").write_text("{}")
+    get_config(str(tmp_path))
+    get_config("Qwen/Qwen-Image")  # a hub id: vLLM's own
+    assert calls == [str(tmp_path), "Qwen/Qwen-Image"]
+    # vLLM's tokenizer loader, patched, still loads a diffusers checkpoint's tokenizer folder
+    plugin.register()
+    tokenizer = registry.get_tokenizer(str(tiny_models["z-image"] / "tokenizer"))
+    assert tokenizer.encode("a red cat")

@@ -76,6 +76,19 @@ Each patch pins a fingerprint of the vLLM function it wraps; a changed function 
         group's names are unlinked (`unlink_cpu_shm`); the mappings stay valid and the memory
         goes back to the system when the last rank unmaps it, however it ends.
    REMOVE: when vLLM unlinks these segments once its ranks have joined them.
+
+8. tokenizer_folder_config - `vllm.tokenizers.registry.get_config`
+   WHY: vLLM's tokenizer loader first tries to read a model config from the tokenizer's folder
+        (and ignores the failure); `get_config` retries a failed parse after sleeping 2 s, for a
+        hub cache refreshing under it. A diffusers checkpoint keeps its tokenizer in a folder of
+        its own with no `config.json` (Qwen-Image's, Z-Image's `tokenizer/`), so every engine of
+        such a stage slept 2 s in the server process and 2 s in its engine core, and logged two
+        "Error parsing config" ERROR lines a user took for a failure.
+   SCOPE: the tokenizer loader's call only (the name bound in `vllm.tokenizers.registry`), all
+        platforms; a local folder with neither `config.json` nor `params.json` fails at once
+        with the ValueError the loader ignores; any other path goes to vLLM's `get_config`.
+   REMOVE: when vLLM's tokenizer loader skips folders without a model config (or stops retrying
+        local ones).
 """
 
 from __future__ import annotations
@@ -88,6 +101,7 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from vllm_omni.logger import init_logger
 
@@ -245,12 +259,27 @@ def _wrap_init_cpu_shm(original: Callable) -> Callable:
     return _init_cpu_shm
 
 
+MODEL_CONFIG_FILES = ("config.json", "params.json")
+"""What vLLM reads a model config from (HF's, Mistral's)."""
+
+
+def _wrap_tokenizer_get_config(original: Callable) -> Callable:
+    def get_config(model, *args, **kwargs):
+        folder = Path(model)
+        if folder.is_dir() and not any((folder / name).is_file() for name in MODEL_CONFIG_FILES):
+            raise ValueError(f"{model}: a tokenizer folder with no model config")
+        return original(model, *args, **kwargs)
+
+    return get_config
+
+
 def all_patches() -> list[Patch]:
     import vllm.config.model
     from vllm.config import VllmConfig
     from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     from vllm.platforms.cpu import CpuPlatform
+    from vllm.tokenizers import registry as tokenizer_registry
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     return [
@@ -298,6 +327,14 @@ def all_patches() -> list[Patch]:
             "_init_cpu_shm",
             "f48239fe4f18",
             _wrap_init_cpu_shm,
+        ),
+        Patch(
+            "tokenizer_folder_config",
+            tokenizer_registry,
+            "get_config",
+            "45551a5f8f7e",
+            _wrap_tokenizer_get_config,
+            cpu_only=False,
         ),
     ]
 
@@ -349,12 +386,20 @@ def all_pinned() -> list[Pinned]:
 def _library_pinned() -> list[Pinned]:
     from vllm.distributed.device_communicators.shm_broadcast import ShmRingBuffer
     from vllm.model_executor.models.interfaces import SupportsEagle3
+    from vllm.tokenizers import registry as tokenizer_registry
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.executor import ray_utils
     from vllm.v1.executor.ray_executor_v2 import RayExecutorV2, RayWorkerProc
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     return [
+        Pinned(
+            tokenizer_registry,
+            "get_tokenizer",
+            "20feb2c9ca50",
+            "patch 8: it reads a model config from the tokenizer's path and ignores a "
+            "ValueError or OSError from `get_config`.",
+        ),
         Pinned(
             RayExecutorV2,
             "_init_executor",

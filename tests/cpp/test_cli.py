@@ -120,6 +120,7 @@ def cpp_server(tiny_models, tmp_path_factory):
         "--cpp-cost-model",
         str(cost_model),
         "--no-cpp-online-calibration",  # admission below relies on the slow model staying
+        "--enforce-eager",  # compiled PP: `make demo` (CI runs it before the tests)
     ]
     with ServerProcess(command) as server:
         server.model = model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
-from vllm_omni.diffusion.batched_calls import Call, join, partition, run_batched, split
+from vllm_omni.diffusion.batched_calls import Call, Failed, join, partition, run_batched, split
 
 
 def flux_like(rows: int, seq: int = 16, text: int = 8, t: float = 0.5) -> Call:
@@ -87,3 +87,21 @@ def test_per_image_lists_are_batched_and_split():
     assert len(joint.args[0]) == 3 and joint.args[1].shape == (3,)
     parts = split((joint.args[0],), [1, 2])
     assert [len(p[0]) for p in parts] == [1, 2] and parts[1][0][0][0, 0] == 2.0
+
+
+def test_a_joint_call_that_raises_is_run_call_by_call():
+    """Flux's position ids of a one-token image look batched in one-row calls: joined, the
+    forward raises, and each call runs alone; a call that fails alone gets its error."""
+    calls = [Call((torch.zeros(1, 1, 4),), {"img_ids": torch.zeros(1, 3)}) for _ in range(2)]
+    calls.append(Call((torch.full((1, 1, 4), -1.0),), {"img_ids": torch.zeros(1, 3)}))
+
+    def denoiser(hidden_states, img_ids):
+        if img_ids.shape[0] != hidden_states.shape[1]:
+            raise RuntimeError("ids do not fit the tokens")
+        if hidden_states.min() < 0:
+            raise ValueError("negative latents")
+        return hidden_states + 1
+
+    outputs = run_batched(denoiser, calls)
+    assert [o.tolist() for o in outputs[:2]] == [[[[1.0] * 4]]] * 2
+    assert isinstance(outputs[2], Failed) and "negative" in str(outputs[2].error)

@@ -31,7 +31,9 @@ MAX_PIXEL_DIFF = 2  # of 255
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def server(request, hub_env):
-    command = [str(BIN / "vllm"), "serve", request.param, "--omni"]
+    # --enforce-eager: Z-Image's text encoder uncompiled (a compiled pooling encoder, Qwen-Image's,
+    # runs in `make demo`)
+    command = [str(BIN / "vllm"), "serve", request.param, "--omni", "--enforce-eager"]
     with ServerProcess(command, env=hub_env) as server:
         server.model = request.param
         yield server

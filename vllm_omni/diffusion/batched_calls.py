@@ -17,9 +17,10 @@ model:
 
 Calls that differ elsewhere (another latent size, another text length) go into separate
 batches. The rule reads tensors by shape, so a shared tensor whose first dimension happens to
-equal the rows is taken as batched; diffusers' denoisers take per-row tensors first-dim-batched
-and shared ones (Flux's position ids) with a sequence length first, which is never the rows of
-a call.
+equal the rows is taken as batched: Flux's position ids, (tokens, 3), of a 16x16 image (one
+token) in calls of one row each. Joined, they no longer fit the latents and the forward raises;
+a joint call that raises is run again call by call, and a call that raises alone gets its error
+back as its output (`Failed`), for its caller alone.
 """
 
 from __future__ import annotations
@@ -179,13 +180,33 @@ def _rebuild(output: dict, values: dict[str, Any]) -> Any:
     return type(output)(values)
 
 
+@dataclass(frozen=True)
+class Failed:
+    """The output of a call that raised."""
+
+    error: Exception
+
+
+def _run_alone(fn: Callable[..., Any], call: Call) -> Any:
+    try:
+        return fn(*call.args, **call.kwargs)
+    except Exception as e:  # noqa: BLE001 - the caller's to raise, not every caller's
+        return Failed(e)
+
+
 def run_batched(fn: Callable[..., Any], calls: Sequence[Call]) -> list[Any]:
-    """Each call's output, from one call of `fn` per batch of compatible calls."""
+    """Each call's output (or `Failed`), from one call of `fn` per batch of compatible calls."""
     outputs: list[Any] = [None] * len(calls)
     for batch in partition(calls):
         members = [calls[i] for i in batch.members]
-        joint = join(members, batch.joins)
-        parts = split(fn(*joint.args, **joint.kwargs), [c.rows for c in members])
+        if len(members) == 1:
+            parts = [_run_alone(fn, members[0])]
+        else:
+            joint = join(members, batch.joins)
+            try:
+                parts = split(fn(*joint.args, **joint.kwargs), [c.rows for c in members])
+            except Exception:  # a misread argument (see above), or one call's own failure
+                parts = [_run_alone(fn, call) for call in members]
         for i, part in zip(batch.members, parts, strict=True):
             outputs[i] = part
     return outputs

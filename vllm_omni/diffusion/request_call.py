@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vllm_omni.diffusion.batched_calls import Call
+from vllm_omni.diffusion.batched_calls import Call, Failed
 
 
 class Paused(enum.Enum):
@@ -105,7 +105,8 @@ class RequestCall:
         self._wait()
 
     def resume(self, reply: Any = None) -> None:
-        """Hand a paused request `reply` (its call's output) and run it to its next pause."""
+        """Hand a paused request `reply` (its call's output; `Failed`: the call raises its
+        error in the request's pipeline) and run it to its next pause."""
         if self.paused not in (Paused.CALL, Paused.DECODE):
             raise RuntimeError(f"resume: the request is {self.paused}, not paused")
         self._to_thread.put(reply)
@@ -147,6 +148,8 @@ class RequestCall:
         reply = self._to_thread.get()
         if reply is _CANCEL:
             raise Cancelled
+        if isinstance(reply, Failed):
+            raise reply.error
         return reply
 
     def _step_end(self, pipe: Any, step: int, timestep: Any, tensors: dict) -> dict:

@@ -14,6 +14,9 @@ run writes the same bytes:
 - `qwen3-omni`: `Qwen3OmniMoeForConditionalGeneration` (MoE thinker, MoE talker with its code
   predictor, code2wav, three voices).
 - `sd3`: a `diffusers.StableDiffusion3Pipeline` folder (two CLIPs and a T5, MMDiT, VAE).
+- `flux-dev`, `flux-schnell`: `diffusers.FluxPipeline` folders (CLIP and T5, Flux's MMDiT with
+  and without guidance embedding, VAE), `sana`: `SanaPipeline` (Gemma2, Sana's linear DiT, the
+  deep-compression VAE), `lumina2`: `Lumina2Pipeline` (Gemma2, Lumina's DiT, VAE).
 - `z-image`: a `diffusers.ZImagePipeline` folder (Qwen3 text encoder, single-stream DiT, VAE).
 - `wan2.1-t2v`, `wan2.2-t2v`, `wan2.1-i2v`: `diffusers.WanPipeline` (one expert; Wan2.2's two)
   and `WanImageToVideoPipeline` folders (UMT5 text encoder, Wan DiT, Wan's 3-D VAE; CLIP vision).
@@ -72,11 +75,13 @@ def generator_hash(name: str) -> str:
 
 
 def _generator_sources(name: str) -> list[Path]:
-    """This module, the tokenizer, the shared helpers and the module of the model's builder."""
-    modules = [tt, tiny_common, sys.modules[tiny_models()[name].build.__module__]]
+    """This module, the tokenizer, the shared helpers and the builder modules of the model's
+    family (`tiny*.py` beside its builder's: a builder may use its siblings' parts)."""
+    builder = Path(sys.modules[tiny_models()[name].build.__module__].__file__)
+    family = sorted(builder.parent.glob("tiny*.py"))
+    paths = [Path(tt.__file__), Path(tiny_common.__file__), *family]
     sources = [Path(__file__)]
-    for module in modules:
-        path = Path(module.__file__)
+    for path in paths:
         if path not in sources:
             sources.append(path)
     return sources

@@ -15,11 +15,13 @@ from ...helpers.diffusers_reference import max_pixel_diff, pipeline_image
 pytestmark = pytest.mark.engine
 
 MAX_PIXEL_DIFF = 2  # of 255
+EAGER = {"text_encoder": {"engine_args": {"enforce_eager": True}}}
+"""The text encoder uncompiled: a compiled pooling encoder (Qwen-Image's) runs in `make demo`."""
 
 
 @pytest.fixture(scope="module")
 def omni(tiny_models):
-    with OmniLLM(tiny_models["z-image"]) as omni:
+    with OmniLLM(tiny_models["z-image"], stage_overrides=EAGER) as omni:
         yield omni
 
 

@@ -110,9 +110,13 @@ def _clip_tokenizer(folder: Path, pad_token: str):
     return CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def _clip_text_encoder(hidden: int, vocab: dict[str, int], hidden_act: str, seed: int):
+def _clip_text_encoder(
+    hidden: int, vocab: dict[str, int], hidden_act: str, seed: int, projection: bool = True
+):
+    """A 2-layer CLIP text encoder; `projection`: with the projection of its pooled output
+    (`CLIPTextModelWithProjection`, as SD3's), else without (`CLIPTextModel`, as Flux's)."""
     import torch
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(
         vocab_size=len(vocab),
@@ -130,7 +134,7 @@ def _clip_text_encoder(hidden: int, vocab: dict[str, int], hidden_act: str, seed
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = CLIPTextModelWithProjection(config)
+    model = (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
     randomize_(model, seed)
     return model
 
@@ -173,6 +177,25 @@ def sd3_scheduler():
     return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
 
 
+def resave_sharded(model, folder: Path, max_shard_size: int | str) -> None:
+    """Save `model` into `folder` again in shards with an index, as the releases keep their large
+    parts (`save_pretrained` of the pipeline wrote one file)."""
+    for weights in folder.glob("*.safetensors*"):
+        weights.unlink()
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
+
+
+def rewrite_index(out: Path, entries: dict[str, list], drop_absent: bool = False) -> None:
+    """Set `entries` in the folder's `model_index.json` (a tokenizer by its release's class
+    name); `drop_absent`: leave out the optional components saved as `[null, null]`."""
+    index_path = out / "model_index.json"
+    index = json.loads(index_path.read_text())
+    if drop_absent:
+        index = {k: v for k, v in index.items() if v != [None, None]}
+    index.update(entries)
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
 def build_sd3(out: Path) -> None:
     import torch
     from diffusers import StableDiffusion3Pipeline
@@ -210,10 +233,5 @@ def build_sd3(out: Path) -> None:
     # the T5 tokenizer by its fast-tokenizer name.
     _write_clip_tokenizer(out / "tokenizer", ENDOFTEXT)
     _write_clip_tokenizer(out / "tokenizer_2", "!")
-    for weights in (out / "text_encoder_3").glob("*.safetensors*"):
-        weights.unlink()
-    text_encoder_3.save_pretrained(out / "text_encoder_3", max_shard_size="1MB")
-    index_path = out / "model_index.json"
-    index = json.loads(index_path.read_text())
-    index["tokenizer_3"] = ["transformers", "T5TokenizerFast"]
-    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    resave_sharded(text_encoder_3, out / "text_encoder_3", "1MB")
+    rewrite_index(out, {"tokenizer_3": ["transformers", "T5TokenizerFast"]})

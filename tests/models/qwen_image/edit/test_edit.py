@@ -33,10 +33,14 @@ def reference(folder, prompt: str, image, params: DiffusionSamplingParams) -> np
     return pipeline_image(reference_pipeline(folder), prompt, params, image=image)
 
 
+EAGER = {"text_encoder": {"engine_args": {"enforce_eager": True}}}
+"""The text encoder uncompiled: the compiled path runs in `make demo` (CI runs it first)."""
+
+
 @pytest.fixture(scope="module", params=[("qwen-image-edit", 1), ("qwen-image-edit-plus", 2)])
 def edit_model(request, tiny_models):
     name, num_images = request.param
-    with OmniLLM(tiny_models[name]) as omni:
+    with OmniLLM(tiny_models[name], stage_overrides=EAGER) as omni:
         yield omni, tiny_models[name], num_images
 
 

@@ -29,6 +29,7 @@ MAX_PIXELS = 256 * 256
 @pytest.fixture(scope="module")
 def server(hub_env):
     command = [str(BIN / "vllm"), "serve", MODEL, "--omni", "--max-image-pixels", str(MAX_PIXELS)]
+    command.append("--enforce-eager")  # compiled: `make demo` (CI runs it before the tests)
     with ServerProcess(command, env=hub_env) as server:
         yield server
 
