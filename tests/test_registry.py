@@ -62,8 +62,8 @@ def test_detection(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
         match=r"'my/inpaint' is a diffusers pipeline of class 'StableDiffusionInpaintPipeline', "
-        r"which takes 'mask_image': only text-to-image and image-editing pipelines are served "
-        r"whole; no built-in",
+        r"which takes 'mask_image': only text-to-image and image-editing pipelines are served; "
+        r"no built-in",
     ):
         detect_family(inpaint, "my/inpaint")
     img2img = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
