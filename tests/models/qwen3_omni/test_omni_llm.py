@@ -10,8 +10,6 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from vllm_omni import OmniLLM
-
 from ...helpers.hf_reference import one_thread
 from ...helpers.media import audio_part, image_part
 
@@ -31,25 +29,6 @@ def stage_params(talker_tokens: int = TALKER_TOKENS) -> dict:
         # transformers' talker defaults, greedy: repetition penalty 1.05 stays on
         "talker": SamplingParams(temperature=0, max_tokens=talker_tokens, repetition_penalty=1.05),
     }
-
-
-@pytest.fixture(scope="module")
-def omni(tiny_models):
-    float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True}}
-    llm = OmniLLM(
-        tiny_models["qwen3-omni"], stage_overrides={"thinker": float32, "talker": float32}
-    )
-    yield llm
-    llm.shutdown()
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_models):
-    from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
-
-    folder = tiny_models["qwen3-omni"]
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
-    return model.eval(), AutoProcessor.from_pretrained(folder)
 
 
 def hf_generate(hf, inputs: dict, voice: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:

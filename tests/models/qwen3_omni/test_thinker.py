@@ -10,9 +10,6 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from vllm_omni import OmniLLM
-from vllm_omni.models.qwen3_omni.thinker import Qwen3ThinkerGenerator
-
 from ...helpers.hf_reference import one_thread
 from ...helpers.media import audio_part
 
@@ -23,38 +20,6 @@ THINKER_TOKENS = 24
 ROW_TOLERANCE = 1e-4
 """Largest row difference relative to the rows' peak: vLLM's fused MoE and attention sum in
 other orders than transformers' eager modules (float32)."""
-
-
-@pytest.fixture(scope="module")
-def captured():
-    """The thinker stage's outputs per request (its `thinker_states` are not a final output)."""
-    found: dict[str, dict] = {}
-    run = Qwen3ThinkerGenerator.run
-
-    async def recording_run(self, stage, request_id, inputs, params, emit=None):
-        found[request_id] = out = await run(self, stage, request_id, inputs, params, emit)
-        return out
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Qwen3ThinkerGenerator, "run", recording_run)
-        yield found
-
-
-@pytest.fixture(scope="module")
-def omni(tiny_models, captured):
-    float32 = {"engine_args": {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True}}
-    llm = OmniLLM(tiny_models["qwen3-omni"], stage_overrides={"thinker": float32})
-    yield llm
-    llm.shutdown()
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_models):
-    from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
-
-    folder = tiny_models["qwen3-omni"]
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
-    return model.eval(), AutoProcessor.from_pretrained(folder)
 
 
 def hf_thinker(hf, inputs: dict) -> tuple[list[int], tuple[torch.Tensor, ...]]:
