@@ -105,3 +105,11 @@ def test_a_joint_call_that_raises_is_run_call_by_call():
     outputs = run_batched(denoiser, calls)
     assert [o.tolist() for o in outputs[:2]] == [[[[1.0] * 4]]] * 2
     assert isinstance(outputs[2], Failed) and "negative" in str(outputs[2].error)
+
+
+def test_a_tuple_is_one_value_whatever_its_length():
+    """A rotary (cos, sin) pair beside two guided rows is shared, not split per row."""
+    rotary = (torch.ones(4, 2), torch.zeros(4, 2))
+    calls = [Call((torch.zeros(2, 4, 2),), {"image_rotary_emb": rotary}) for _ in range(2)]
+    (batch,) = partition(calls)
+    assert join(calls, batch.joins).kwargs["image_rotary_emb"] is rotary

@@ -9,8 +9,9 @@ model:
 
 - a call's rows are the first dimension of its first tensor argument (`hidden_states`);
 - a tensor argument whose first dimension is the call's rows is batched: concatenated, so its
-  other dimensions, dtype and device must agree; a list or tuple as long as the rows is
-  batched too (Z-Image takes its latents as a list of per-image tensors);
+  other dimensions, dtype and device must agree; a list as long as the rows is batched too
+  (Z-Image takes its latents as a list of per-image tensors, Qwen-Image its image shapes); a
+  tuple is one value (CogVideoX-5b's rotary `(cos, sin)`, which two rows would otherwise split);
 - a 0-d tensor (a timestep given as a scalar) that differs between calls is expanded to the
   call's rows and batched;
 - anything else must be equal in every call, and is passed once.
@@ -77,7 +78,7 @@ def same(a: Any, b: Any) -> bool:
 def _is_batched(value: Any, rows: int) -> bool:
     if torch.is_tensor(value):
         return value.dim() > 0 and value.shape[0] == rows
-    return isinstance(value, (list, tuple)) and len(value) == rows
+    return isinstance(value, list) and len(value) == rows
 
 
 def _joins(a: Any, b: Any, rows_a: int, rows_b: int) -> str | None:
