@@ -8,6 +8,15 @@ waits for the output, so the loop can run the calls of every request at that poi
 batch. The pipeline's `callback_on_step_end`, where it takes one, counts the steps made. Only
 one thread runs at a time - the loop hands it the turn and waits until it pauses again - so the
 pipeline's own code (its tokenizers, its encoders) never runs concurrently.
+
+A request's thread runs its torch ops on one intra-op thread. On a CPU each thread that runs
+parallel ops keeps a team of OpenMP workers of its own, and once a process holds more OpenMP
+threads than cores, libgomp's workers stop spinning between ops and sleep: the stage's batched
+forwards then ran as with `OMP_WAIT_POLICY=passive`, twice as long (tiny FLUX.1 on 2 cores:
++11 ms a step, the call loop at 0.5x diffusers' speed for one request; 0.93x with this). The
+cost: on a CPU, a new request's text encoders run on one core; on a GPU, nothing. (torch keeps
+the count it starts new threads with process-wide: threads of the stage process that start
+later and set none get one too; the stage's loop thread keeps its own.)
 """
 
 from __future__ import annotations
@@ -133,6 +142,7 @@ class RequestCall:
 
     # ------------------------------------------------------------------ the thread's side
     def _run(self) -> None:
+        torch.set_num_threads(1)  # this thread's own (see the module's doc)
         try:
             with torch.inference_mode():
                 result = self.pipe(**self.kwargs)
