@@ -88,7 +88,9 @@ class CallLoopExecutor:
 
     def check_request(self, request: DiTRequest) -> None:
         if request.params.cache_threshold:
-            raise FieldError("cache_threshold", "a pipeline run whole has no residual caching")
+            raise FieldError(
+                "cache_threshold", "a pipeline run by its own call has no residual caching"
+            )
         self.calls.check_request(request)
 
     def estimate_bytes(self, request: DiTRequest) -> int:

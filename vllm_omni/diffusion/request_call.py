@@ -13,10 +13,11 @@ A request's thread runs its torch ops on one intra-op thread. On a CPU each thre
 parallel ops keeps a team of OpenMP workers of its own, and once a process holds more OpenMP
 threads than cores, libgomp's workers stop spinning between ops and sleep: the stage's batched
 forwards then ran as with `OMP_WAIT_POLICY=passive`, twice as long (tiny FLUX.1 on 2 cores:
-+11 ms a step, the call loop at 0.5x diffusers' speed for one request; 0.93x with this). The
-cost: on a CPU, a new request's text encoders run on one core; on a GPU, nothing. (torch keeps
-the count it starts new threads with process-wide: threads of the stage process that start
-later and set none get one too; the stage's loop thread keeps its own.)
++11 ms a step, the call loop at 0.5x diffusers' speed for one request; 0.85-0.93x with this,
+benchmarks/diffusers_calls.py). The cost: on a CPU, a new request's text encoders run on one
+core; on a GPU, nothing. (torch keeps the count it starts new threads with process-wide:
+threads of the stage process that start later and set none get one too; the stage's loop
+thread keeps its own.)
 """
 
 from __future__ import annotations

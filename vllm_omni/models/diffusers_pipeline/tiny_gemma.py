@@ -310,43 +310,36 @@ def _save_as_release(pipe, out: Path) -> None:
     rewrite_index(out, {"tokenizer": ["transformers", "GemmaTokenizerFast"]})
 
 
-def build_sana(out: Path) -> None:
+def _build(out: Path, pipeline_class: type, seed: int, transformer, vae, scheduler) -> None:
+    """A Gemma 2 pipeline from the shared text side and its own parts (`transformer` and `vae`
+    build them, in that order after the text encoder, the VAE seeded `seed + 2`)."""
     import torch
-    from diffusers import SanaPipeline
 
-    out = Path(out)
     tokenizer = gemma_tokenizer()
-    text_encoder = gemma2_text_encoder(len(tokenizer), SANA_SEED)
-    transformer = _sana_transformer()
-    torch.manual_seed(SANA_SEED + 2)
-    vae = sana_vae()
-    randomize_(vae, SANA_SEED + 2)
-    pipe = SanaPipeline(
+    text_encoder = gemma2_text_encoder(len(tokenizer), seed)
+    denoiser = transformer()
+    torch.manual_seed(seed + 2)
+    autoencoder = vae()
+    randomize_(autoencoder, seed + 2)
+    pipe = pipeline_class(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
-        vae=vae,
-        transformer=transformer,
-        scheduler=sana_scheduler(),
+        vae=autoencoder,
+        transformer=denoiser,
+        scheduler=scheduler,
     )
-    _save_as_release(pipe, out)
+    _save_as_release(pipe, Path(out))
+
+
+def build_sana(out: Path) -> None:
+    from diffusers import SanaPipeline
+
+    _build(out, SanaPipeline, SANA_SEED, _sana_transformer, sana_vae, sana_scheduler())
 
 
 def build_lumina2(out: Path) -> None:
-    import torch
     from diffusers import Lumina2Pipeline
 
-    out = Path(out)
-    tokenizer = gemma_tokenizer()
-    text_encoder = gemma2_text_encoder(len(tokenizer), LUMINA2_SEED)
-    transformer = _lumina2_transformer()
-    torch.manual_seed(LUMINA2_SEED + 2)
-    vae = lumina2_vae()
-    randomize_(vae, LUMINA2_SEED + 2)
-    pipe = Lumina2Pipeline(
-        transformer=transformer,
-        scheduler=lumina2_scheduler(),
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
+    _build(
+        out, Lumina2Pipeline, LUMINA2_SEED, _lumina2_transformer, lumina2_vae, lumina2_scheduler()
     )
-    _save_as_release(pipe, out)
