@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Any diffusers pipeline step-batched by the call loop vs the pipeline called per request, side
-by side in one run (in-process, no engine).
+"""Any diffusers text-to-image or text-to-video pipeline step-batched by the call loop vs the
+pipeline called per request, side by side in one run (in-process, no engine).
 
     python -m benchmarks.diffusers_calls --json out/diffusers_calls.json
+    python -m benchmarks.diffusers_calls --model cogvideox --frames 9
 
 A tiny model of the tests (`--model`, vllm_omni.testing.tiny) at `--height`x`--width` with
-`--steps` steps. The baseline is what a server without batching does: diffusers'
-`pipe(prompt=..., generator=...)` for each request in turn. The other arm is the framework's
+`--steps` steps; a pipeline whose `__call__` takes `num_frames` makes videos of `--frames`
+frames (ImagePipelineCalls or VideoPipelineCalls, as the DiT stage would pick). The baseline is
+what a server without batching does: the pipeline called for each request in turn, with the
+arguments the call loop gives it for that request (`call_kwargs`: same prompt, size, steps,
+guidance and a fresh generator of the same seed). The other arm is the framework's
 `CallLoopExecutor` driven as the DiT stage's scheduler would in `step` mode: every request
 admitted at once, one step of all of them per `execute_model`, each finished request released.
 Scenarios:
@@ -15,12 +19,13 @@ Scenarios:
 - `mixed N`: N requests arriving together, alternating `--steps`//2 and `--steps` steps: the
   short ones leave the batch halfway and the rest go on in a smaller one.
 The arms alternate (`benchmarks.common.alternate`) over `--pairs` pairs after an untimed run of
-each, which also compares their images (largest pixel difference, in 1/255) and counts the rows
-of each denoiser forward. Reported per scenario: seconds of each arm (median), the ratio per
-pair (call loop speed / diffusers speed: median and geometric mean), requests per second, mean
-latency (a request's completion, counted from when all arrived) and the seconds inside the
-denoiser's forwards (the rest is the pipeline's own code, encoders, VAE and, for the call
-loop, its threads and batching).
+each, which also compares their images or videos' frames (largest pixel difference, in 1/255)
+and counts the rows of each denoiser forward (two a request under classifier-free guidance).
+Reported per scenario: seconds of each arm (median), the ratio per pair (call loop speed /
+diffusers speed: median and geometric mean), requests per second, mean latency (a request's
+completion, counted from when all arrived) and the seconds inside the denoiser's forwards (the
+rest is the pipeline's own code, encoders, VAE and, for the call loop, its threads and
+batching).
 
 On a machine shared with other work, OpenMP's default (spinning) wait policy can make the
 diffusers arm, one thread that never blocks, several times slower than the same work in the
@@ -49,7 +54,10 @@ from vllm_omni.diffusion.config import DiTConfig
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.diffusion.request import DiTRequest
 from vllm_omni.diffusion.scheduler import DiTSchedulerOutput
+from vllm_omni.diffusion.video_params import VideoSamplingParams
 from vllm_omni.models.diffusers_pipeline.calls import ImagePipelineCalls
+from vllm_omni.models.diffusers_pipeline.signature import call_args
+from vllm_omni.models.diffusers_pipeline.video_calls import VideoPipelineCalls
 from vllm_omni.testing.tiny import TinyModels, default_models_dir
 
 PROMPTS = [
@@ -63,6 +71,7 @@ PROMPTS = [
     "a snowy forest",
 ]
 MAX_DIFF = 2  # in 1/255: what "the same image" allows (float summation order in a batch)
+DEFAULT_FRAMES = 9  # frames of a video: the tiny CogVideoX's default (8k + 1)
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ class Run:
     seconds: float
     latencies: list[float]  # each job's completion, from when all arrived
     denoiser_s: float  # inside the denoiser's forwards
-    images: list[np.ndarray]
+    outputs: list[np.ndarray]  # uint8: each image (H, W, 3) or video (F, H, W, 3)
 
 
 class DenoiserProbe:
@@ -110,50 +119,62 @@ def run_length(values: list[int]) -> str:
     return " ".join(f"{v}x{len(list(g))}" for v, g in itertools.groupby(values))
 
 
-class Arms:
-    """The two ways to serve a scenario's jobs, over one loaded pipeline."""
+def is_video(pipe: Any) -> bool:
+    """Whether the pipeline makes videos: its `__call__` takes `num_frames`."""
+    return "num_frames" in call_args(type(pipe))
 
-    def __init__(self, pipe: Any, height: int, width: int) -> None:
-        self.pipe, self.height, self.width = pipe, height, width
-        calls = ImagePipelineCalls(pipe)
+
+class Arms:
+    """The two ways to serve a scenario's jobs, over one loaded pipeline: both build each job's
+    request the same way (`request`) and read its pixels the same way (`pixels`)."""
+
+    def __init__(self, pipe: Any, height: int, width: int, frames: int = DEFAULT_FRAMES) -> None:
+        self.pipe, self.height, self.width, self.frames = pipe, height, width, frames
+        self.video = is_video(pipe)
+        calls = VideoPipelineCalls(pipe) if self.video else ImagePipelineCalls(pipe)
+        self.calls = calls
         self.probe = DenoiserProbe(getattr(pipe, calls.denoiser))
         self.cache = DiTCacheManager()
         self.loop = CallLoopExecutor(DiTConfig(model="in-memory"), self.cache, calls)
         self._ids = itertools.count()
 
+    def request(self, job: Job) -> DiTRequest:
+        """The job as the DiT stage would get it (guidance: the params class's default)."""
+        size = {"height": self.height, "width": self.width}
+        steps = {"num_inference_steps": job.steps, "seed": job.seed}
+        if self.video:
+            params: Any = VideoSamplingParams(num_frames=self.frames, **size, **steps)
+        else:
+            params = DiffusionSamplingParams(**size, **steps)
+        rid = f"r{next(self._ids)}"
+        return DiTRequest(rid, params, {"prompt": job.prompt})
+
+    def pixels(self, result: Any) -> np.ndarray:
+        """A request's image, or its video's frames, from what `calls.result` returned."""
+        return result["video"] if self.video else result
+
     def diffusers(self, jobs: list[Job]) -> Run:
-        """The pipeline's own call, one request after another."""
-        images, latencies = [], []
+        """The pipeline's own call, one request after another, with the call loop's arguments."""
+        requests = [self.request(job) for job in jobs]
+        outputs, latencies = [], []
         in_denoiser = self.probe.seconds
         start = time.perf_counter()
-        for job in jobs:
+        for request in requests:
             with torch.inference_mode():
-                out = self.pipe(
-                    prompt=job.prompt,
-                    height=self.height,
-                    width=self.width,
-                    num_inference_steps=job.steps,
-                    generator=torch.Generator().manual_seed(job.seed),
-                )
-            images.append(np.asarray(out.images[0]))
+                out = self.pipe(**self.calls.call_kwargs(request))  # a fresh seeded generator
+            outputs.append(self.pixels(self.calls.result(request, out)))
             latencies.append(time.perf_counter() - start)
         seconds = time.perf_counter() - start
-        return Run(seconds, latencies, self.probe.seconds - in_denoiser, images)
+        return Run(seconds, latencies, self.probe.seconds - in_denoiser, outputs)
 
     def call_loop(self, jobs: list[Job]) -> Run:
         """All jobs admitted at the first step, stepped together; each leaves when done."""
-        requests = {}
-        for job in jobs:
-            params = DiffusionSamplingParams(
-                height=self.height, width=self.width, num_inference_steps=job.steps, seed=job.seed
-            )
-            rid = f"r{next(self._ids)}"
-            requests[rid] = DiTRequest(rid, params, {"prompt": job.prompt})
+        requests = {r.request_id: r for r in map(self.request, jobs)}
         for request in requests.values():
             self.loop.check_request(request)
         order = list(requests)
         new, running = list(order), list(order)
-        images: dict[str, np.ndarray] = {}
+        outputs: dict[str, np.ndarray] = {}
         latencies: dict[str, float] = {}
         in_denoiser = self.probe.seconds
         start = time.perf_counter()
@@ -162,8 +183,8 @@ class Arms:
             if out.failed:
                 raise RuntimeError(f"call loop: requests failed: {out.failed}")
             now = time.perf_counter() - start
-            for rid, image in out.finished.items():
-                images[rid], latencies[rid] = image, now
+            for rid, result in out.finished.items():
+                outputs[rid], latencies[rid] = self.pixels(result), now
                 self.cache.release(rid)  # as the scheduler does for a finished request
             running = [rid for rid in running if rid not in out.finished]
             new = []
@@ -172,16 +193,21 @@ class Arms:
             seconds,
             [latencies[rid] for rid in order],
             self.probe.seconds - in_denoiser,
-            [images[rid] for rid in order],
+            [outputs[rid] for rid in order],
         )
 
 
 def max_pixel_diff(a: list[np.ndarray], b: list[np.ndarray]) -> int:
+    """The largest difference of one pixel (in 1/255) between paired images or videos."""
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        raise ValueError(
+            f"outputs differ in shape: {[x.shape for x in a]} vs {[y.shape for y in b]}"
+        )
     return max(int(np.abs(x.astype(int) - y.astype(int)).max()) for x, y in zip(a, b))
 
 
 def bench(arms: Arms, jobs: list[Job], pairs: int) -> dict[str, Any]:
-    """An untimed run of each arm (warm-up, images compared, rows counted), then the pairs."""
+    """An untimed run of each arm (warm-up, outputs compared, rows counted), then the pairs."""
     base = arms.diffusers(jobs)
     arms.probe.rows = []
     ours = arms.call_loop(jobs)
@@ -196,7 +222,7 @@ def bench(arms: Arms, jobs: list[Job], pairs: int) -> dict[str, Any]:
         "steps": [job.steps for job in jobs],
         "seconds": seconds,
         "ratio": paired_ratio(seconds["diffusers"], seconds["call_loop"]),
-        "max_pixel_diff": max_pixel_diff(base.images, ours.images),
+        "max_pixel_diff": max_pixel_diff(base.outputs, ours.outputs),
         "call_loop_rows_per_forward": rows,
     }
     for arm, rs in runs.items():
@@ -223,6 +249,13 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument(
+        "--frames",
+        type=int,
+        default=DEFAULT_FRAMES,
+        help="frames of each video: a multiple of the pipeline's frame step, plus 1 (CogVideoX: "
+        "8k + 1); ignored for image pipelines",
+    )
+    parser.add_argument(
         "--requests", type=int, nargs="+", default=[4, 8], help="concurrent requests (each N)"
     )
     parser.add_argument("--mixed", type=int, default=8, help="requests of mixed steps (0: skip)")
@@ -240,7 +273,10 @@ def main() -> None:
     folder = TinyModels(args.models_dir or default_models_dir())[args.model]
     pipe = DiffusionPipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
-    arms = Arms(pipe, args.height, args.width)
+    arms = Arms(pipe, args.height, args.width, args.frames)
+    if arms.video and (args.frames - 1) % arms.calls.info.frame_step:
+        step = arms.calls.info.frame_step
+        parser.error(f"--frames: {type(pipe).__name__} makes {step}k + 1 frames, not {args.frames}")
 
     scenarios: dict[str, list[Job]] = {"alone": jobs_for(1, [args.steps])}
     for n in args.requests:
@@ -253,8 +289,10 @@ def main() -> None:
         "model": args.model,
         "pipeline": type(pipe).__name__,
         "denoiser": arms.loop.calls.denoiser,
+        "output": "video" if arms.video else "image",
         "height": args.height,
         "width": args.width,
+        "frames": args.frames if arms.video else None,
         "steps": args.steps,
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -267,8 +305,10 @@ def main() -> None:
 
 
 def report(r: dict[str, Any]) -> None:
+    frames = f", {r['frames']} frames" if r["frames"] else ""
     print(
-        f"\n{r['model']} ({r['pipeline']}), {r['height']}x{r['width']}, {r['steps']} steps, "
+        f"\n{r['model']} ({r['pipeline']}), {r['height']}x{r['width']}{frames}, "
+        f"{r['steps']} steps, "
         f"{r['threads']} threads (OMP_WAIT_POLICY={r['omp_wait_policy']}); medians of "
         f"{r['pairs']} pairs; ratio = call loop speed / diffusers speed (per pair: median, "
         "geometric mean)"
@@ -302,7 +342,8 @@ def report(r: dict[str, Any]) -> None:
         rows = run_length(s["call_loop_rows_per_forward"])
         print(f"{name}: rows x forwards of the denoiser in the call loop: {rows}")
     worst = max(s["max_pixel_diff"] for s in r["scenarios"].values())
-    verdict = "same images" if worst <= MAX_DIFF else f"DIFFERENT images (> {MAX_DIFF}/255)"
+    kind = "videos" if r["output"] == "video" else "images"
+    verdict = f"same {kind}" if worst <= MAX_DIFF else f"DIFFERENT {kind} (> {MAX_DIFF}/255)"
     print(f"max pixel difference, call loop vs diffusers: {worst}/255 ({verdict})")
     print(f"wall time of the benchmark: {r['wall_s']:.1f} s")
 

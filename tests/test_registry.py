@@ -33,6 +33,7 @@ def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
         "qwen3_omni",
         PLAIN_LM,
         ANY_PIPELINE,
+        "diffusers_video_pipeline",
     }
     for name, family in families().items():
         graph = StageGraph.from_dict(family.graph(), Path("/models/x"))
@@ -62,8 +63,8 @@ def test_detection(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
         match=r"'my/inpaint' is a diffusers pipeline of class 'StableDiffusionInpaintPipeline', "
-        r"which takes 'mask_image': only text-to-image and image-editing pipelines are served; "
-        r"no built-in",
+        r"which takes 'mask_image': only text-to-image and image-editing pipelines are served, "
+        r"and makes no video \(its __call__ takes no 'num_frames'\); no built-in",
     ):
         detect_family(inpaint, "my/inpaint")
     img2img = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
@@ -75,8 +76,12 @@ def test_detection(tmp_path: Path) -> None:
         wan = checkpoint({"model_index.json": {"_class_name": pipeline}})
         assert detect_family(wan) is get_family("wan")
     video = checkpoint({"model_index.json": {"_class_name": "CogVideoXPipeline"}})
-    with pytest.raises(ValueError, match=r"class 'CogVideoXPipeline', which takes 'num_frames'"):
-        detect_family(video)
+    assert detect_family(video).name == "diffusers_video_pipeline"  # text-to-video: its own call
+    i2v = checkpoint({"model_index.json": {"_class_name": "CogVideoXImageToVideoPipeline"}})
+    with pytest.raises(
+        ValueError, match=r"takes 'image': only text-to-video pipelines are served as video"
+    ):
+        detect_family(i2v)
     odd = checkpoint({"model_index.json": {"_class_name": "AutoencoderKL"}})
     with pytest.raises(ValueError, match=r"'AutoencoderKL', which is not a pipeline class"):
         detect_family(odd)
@@ -119,6 +124,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "code2wav",
         "qwen3_code2wav",
         "diffusers_pipeline",
+        "diffusers_video_pipeline",
         "qwen_image_edit",
         "z_image",
         "wan",

@@ -41,14 +41,16 @@ FAMILY_PACKAGES = (
     "qwen3_omni",
     "plain_lm",
     "diffusers_pipeline",
+    "diffusers_pipeline.video",
 )
 """Modules under vllm_omni/models/ that export a family's `FAMILY`: a family's folder, or a
 package or module inside it where one folder holds related families (Qwen-Image's edits)."""
 PLAIN_LM = "lm"
 """The family of any transformers model no other family claims: one AR stage."""
 ANY_PIPELINE = "diffusers_pipeline"
-"""The family of any diffusers pipeline no other family claims: its own `__call__` per request,
-step-batched, where it can be served."""
+"""The family of any diffusers image pipeline no other family claims: its own `__call__` per
+request, step-batched, where it can be served (the families with `serves_pipeline` set, this one
+first, are tried in turn)."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,9 @@ class ModelFamily:
     tiny_models: Mapping[str, TinyModel] = field(default_factory=dict)
     """Its tiny models by name (`qwen-image`, `wan2.1-t2v`, ...)."""
     serves_pipeline: Callable[[str], None] | None = None
-    """For the family of pipelines no other family claims: raises ValueError saying why it
-    cannot serve a diffusers pipeline class (the reason reads after "of class X, which")."""
+    """For a family of pipelines no other family claims (images, videos): raises ValueError
+    saying why it cannot serve a diffusers pipeline class (the reason reads after "of class X,
+    which")."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -187,18 +190,22 @@ def detect_family(folder: str | Path, name: str | None = None) -> ModelFamily:
         for family in families().values():
             if pipeline in family.pipeline_classes:
                 return family
-        fallback = get_family(ANY_PIPELINE)
-        assert fallback.serves_pipeline is not None
-        try:
-            fallback.serves_pipeline(pipeline)
-        except ValueError as e:
-            known = sorted(c for f in families().values() for c in f.pipeline_classes)
-            raise ValueError(
-                f"model: {name!r} is a diffusers pipeline of class {pipeline!r}, which {e}; no "
-                f"built-in stage graph serves it (built in: {known} and text-to-image "
-                "pipelines); pass a stage graph YAML with --stage-configs"
-            ) from None
-        return fallback
+        reasons = []
+        for fallback in families().values():
+            if fallback.serves_pipeline is None:
+                continue
+            try:
+                fallback.serves_pipeline(pipeline)
+                return fallback
+            except ValueError as e:
+                reasons.append(str(e))
+        known = sorted(c for f in families().values() for c in f.pipeline_classes)
+        raise ValueError(
+            f"model: {name!r} is a diffusers pipeline of class {pipeline!r}, which "
+            f"{', and '.join(dict.fromkeys(reasons))}; no built-in stage graph serves it (built "
+            f"in: {known}, text-to-image and text-to-video pipelines); pass a stage graph YAML "
+            "with --stage-configs"
+        )
     if (folder / "config.json").is_file():
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         for family in families().values():

@@ -3,8 +3,8 @@
 
 Reference: plain vLLM at PP=1. CPP runs at PP=2 with prefix caching on (and the workers splitting
 steps into micro-chunks) and off (from an empty cost-model cache, fitting its model online as it
-goes), at PP=4 (the design's `vllm serve --omni -pp 4 --cpp`, through the Python API and the
-server), and with a KV cache so small that requests are preempted mid-prefill and recomputed.
+goes), at PP=4 (the design's `vllm serve --omni -pp 4 --cpp`, through the server), and with
+a KV cache so small that requests are preempted mid-prefill and recomputed.
 Float32 and eager, so that only the chunking differs (CPP cuts prompts at other places than
 vLLM's fixed chunks). Each configuration is one engine start (30-50 s here): a test checks all
 that its engine can show.
@@ -115,23 +115,10 @@ def test_cpp_under_preemption_matches_plain(tiny_models, prompts, reference, mon
 
 
 # PP=4: two layers of the 8-layer model per stage, four ranks on this 2-core machine (slower, not
-# wrong: every rank computes its own layers whatever the cores). The Python API without prefix
-# caching, 1K and 8K tokens; the server below with it (vLLM's default) and the prefix prompts.
-def test_cpp_pp4_matches_plain_pp1(tiny_models, prompts, reference):
-    args = cpp_engine_args(
-        pipeline_parallel_size=4, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False
-    )
-    first_and_8k = [prompts["long"][0], prompts["long"][-1]]
-    got = _run(tiny_models["llama-8l"], {"long": first_and_8k}, **args)
-    assert got["long"] == [reference["long"][0], reference["long"][-1]]
-    ranks = got["step_records"]
-    assert len(ranks) == 4
-    # Every stage ran every step, and CPP cut the 8K prompt into more than one chunk.
-    assert len({len(r) for r in ranks}) == 1
-    assert [r["chunks"] for r in ranks[0]] == [r["chunks"] for r in ranks[3]]
-    assert max(x for r in ranks[0] for x, _ in r["chunks"]) < len(first_and_8k[1])
-
-
+# wrong: every rank computes its own layers whatever the cores). One engine, through the server
+# (the design's `vllm serve --omni -pp 4 --cpp`) with prefix caching on (vLLM's default): 1K and
+# 8K tokens, then the prompts that share a prefix; the ranks' step records through vLLM's
+# development RPC route.
 def test_serve_omni_pp4_cpp_matches_plain_pp1(tiny_models, prompts, reference):
     import openai
     import requests
@@ -142,15 +129,25 @@ def test_serve_omni_pp4_cpp_matches_plain_pp1(tiny_models, prompts, reference):
     command = [str(BIN / "vllm"), "serve", model, "--omni", "--pipeline-parallel-size", "4"]
     command += ["--cpp", "--dtype", "float32", "--enforce-eager", "--seed", "0"]
     command += ["--max-model-len", str(MAX_MODEL_LEN)]
-    with ServerProcess(command, timeout_s=600) as server:
+    ends = [0, -1]  # 1K and 8K tokens
+    sets = {"long": [prompts["long"][i] for i in ends], "prefix": prompts["prefix"]}
+    expected = {"long": [reference["long"][i] for i in ends], "prefix": reference["prefix"]}
+    with ServerProcess(command, env={"VLLM_SERVER_DEV_MODE": "1"}, timeout_s=600) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
-        sets = {"long": prompts["long"][:1], "prefix": prompts["prefix"]}
         for name, token_prompts in sets.items():
             for i, prompt in enumerate(token_prompts):
                 got = greedy_token_ids(client, model, prompt, MAX_TOKENS)
-                assert got == reference[name][i], (name, i)
+                assert got == expected[name][i], (name, i)
         metrics = requests.get(f"{server.url}/metrics", timeout=30).text
+        rpc = {"method": "cpp_take_step_records"}
+        ranks = requests.post(f"{server.url}/collective_rpc", json=rpc, timeout=60).json()
     hits = re.findall(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)
     assert hits and float(hits[0]) >= 2048, (
         "prefix caching was off: the prompts sharing 3000 tokens"
     )
+    ranks = ranks["results"]
+    assert len(ranks) == 4
+    # Every stage ran every step, and CPP cut the 8K prompt into more than one chunk.
+    assert len({len(r) for r in ranks}) == 1
+    assert [r["chunks"] for r in ranks[0]] == [r["chunks"] for r in ranks[3]]
+    assert max(x for r in ranks[0] for x, _ in r["chunks"]) < len(sets["long"][1])

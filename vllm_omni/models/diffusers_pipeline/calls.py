@@ -51,14 +51,26 @@ def denoiser_of(pipe: Any) -> str:
     raise ValueError(f"{type(pipe).__name__} has none of the denoisers {list(DENOISERS)}")
 
 
-class ImagePipelineCalls:
-    """The call loop's `PipelineCalls` for a text-to-image or image-editing pipeline."""
+class OwnCallPipeline:
+    """What the call loop's `PipelineCalls` of every kind of pipeline share: the pipeline, its
+    denoiser, what its `__call__` takes, and a request's text prompt checked."""
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
         self.denoiser = denoiser_of(pipe)
         self.call_args = call_args(type(pipe))
         self.counts_steps = "callback_on_step_end" in self.call_args
+
+    def check_prompt(self, request: DiTRequest) -> None:
+        if not isinstance(request.inputs.get("prompt"), str):
+            raise FieldError("prompt", f"{type(self.pipe).__name__} takes a text prompt")
+
+
+class ImagePipelineCalls(OwnCallPipeline):
+    """The call loop's `PipelineCalls` for a text-to-image or image-editing pipeline."""
+
+    def __init__(self, pipe: Any) -> None:
+        super().__init__(pipe)
         self._info = PipelineStageInfo(
             default_size(pipe),
             size_multiple(pipe),
@@ -74,8 +86,7 @@ class ImagePipelineCalls:
         return self._info
 
     def check_request(self, request: DiTRequest) -> None:
-        if not isinstance(request.inputs.get("prompt"), str):
-            raise FieldError("prompt", f"{self._info.pipeline_class} takes a text prompt")
+        self.check_prompt(request)
 
     def estimate_bytes(self, request: DiTRequest) -> int:
         return 3 * request.params.height * request.params.width  # the image it returns

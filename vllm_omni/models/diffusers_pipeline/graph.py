@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The stage graph of a pipeline run by its own `__call__`: one process stage, from the prompt's
-text (and an editing pipeline's input images)."""
+"""The stage graphs of a pipeline run by its own `__call__`: one process stage, from the prompt's
+text (and an editing pipeline's input images) to images, or from the prompt's text to video."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
+def pipeline_graph(
+    model_type: str, executor: str, inputs: tuple[str, ...] = ("text", "image"), output="image"
+) -> dict[str, Any]:
     """One process stage running `executor` over the whole checkpoint."""
     return {
         "model_type": model_type,
@@ -18,8 +20,8 @@ def pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
                 "model": ".",
                 "executor": executor,
                 "scheduler": "step",
-                "input_modalities": ["text", "image"],
-                "output_modalities": ["image"],
+                "input_modalities": list(inputs),
+                "output_modalities": [output],
                 "final_output": True,
             },
         ],
@@ -28,3 +30,9 @@ def pipeline_graph(model_type: str, executor: str) -> dict[str, Any]:
 
 def stage_graph() -> dict[str, Any]:
     return pipeline_graph("diffusers_pipeline", "diffusers_pipeline")
+
+
+def video_graph() -> dict[str, Any]:
+    return pipeline_graph(
+        "diffusers_video_pipeline", "diffusers_video_pipeline", ("text",), output="video"
+    )

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The executor that runs a diffusers pipeline's own `__call__`, step-batched, as registered:
-`diffusers_pipeline`."""
+"""The executors that run a diffusers pipeline's own `__call__`, step-batched, as registered:
+`diffusers_pipeline` (images) and `diffusers_video_pipeline` (videos)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_omni.diffusion.call_loop import CallLoopExecutor
 from vllm_omni.diffusion.config import resolve_device
-from vllm_omni.diffusion.executor_kind import ImageKind, StageInfo
+from vllm_omni.diffusion.executor_kind import ImageKind, StageInfo, VideoKind
 from vllm_omni.diffusion.params import DiffusionSamplingParams, check_input_images
 from vllm_omni.diffusion.pipeline_loader import stage_pipeline
 from vllm_omni.errors import FieldError
@@ -78,3 +78,18 @@ def edit_size(
     return tuple(
         max(multiple, round(side * scale / multiple) * multiple) for side in (height, width)
     )
+
+
+class PipelineVideoKind(VideoKind):
+    """A text-to-video pipeline run by its own `__call__` per request, step-batched by the
+    framework's call loop as the image pipelines are."""
+
+    name = "diffusers_video_pipeline"
+    request_options = ("negative_prompt",)
+
+    def build(self, config, cache, pipe: Any = None):
+        from vllm_omni.models.diffusers_pipeline.video_calls import VideoPipelineCalls
+
+        device = resolve_device(config.device)
+        pipe = stage_pipeline(config, device, pipe)
+        return CallLoopExecutor(config, cache, VideoPipelineCalls(pipe))
