@@ -34,6 +34,7 @@ def test_every_family_has_a_valid_graph_of_its_own_name() -> None:
         PLAIN_LM,
         ANY_PIPELINE,
         "diffusers_video_pipeline",
+        "diffusers_audio_pipeline",
     }
     for name, family in families().items():
         graph = StageGraph.from_dict(family.graph(), Path("/models/x"))
@@ -64,7 +65,8 @@ def test_detection(tmp_path: Path) -> None:
         ValueError,
         match=r"'my/inpaint' is a diffusers pipeline of class 'StableDiffusionInpaintPipeline', "
         r"which takes 'mask_image': only text-to-image and image-editing pipelines are served, "
-        r"and makes no video \(its __call__ takes no 'num_frames'\); no built-in",
+        r"and makes no video \(its __call__ takes no 'num_frames'\), and makes no audio clip "
+        r"\(its __call__ takes none of \['audio_end_in_s', 'audio_length_in_s'\]\); no built-in",
     ):
         detect_family(inpaint, "my/inpaint")
     img2img = checkpoint({"model_index.json": {"_class_name": "StableDiffusionImg2ImgPipeline"}})
@@ -77,6 +79,8 @@ def test_detection(tmp_path: Path) -> None:
         assert detect_family(wan) is get_family("wan")
     video = checkpoint({"model_index.json": {"_class_name": "CogVideoXPipeline"}})
     assert detect_family(video).name == "diffusers_video_pipeline"  # text-to-video: its own call
+    sound = checkpoint({"model_index.json": {"_class_name": "StableAudioPipeline"}})
+    assert detect_family(sound).name == "diffusers_audio_pipeline"  # text-to-audio: its own call
     i2v = checkpoint({"model_index.json": {"_class_name": "CogVideoXImageToVideoPipeline"}})
     with pytest.raises(
         ValueError, match=r"takes 'image': only text-to-video pipelines are served as video"
@@ -125,6 +129,7 @@ def test_every_registered_name_a_graph_uses_is_a_family_s() -> None:
         "qwen3_code2wav",
         "diffusers_pipeline",
         "diffusers_video_pipeline",
+        "diffusers_audio_pipeline",
         "qwen_image_edit",
         "z_image",
         "wan",

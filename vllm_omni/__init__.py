@@ -20,6 +20,7 @@ _LAZY = {
     "DiffusionSamplingParams": "vllm_omni.diffusion.params",
     "Code2WavParams": "vllm_omni.models.qwen2_5_omni.params",
     "VideoSamplingParams": "vllm_omni.diffusion.video_params",
+    "AudioSamplingParams": "vllm_omni.diffusion.audio_params",
     "OmniRequestOutput": "vllm_omni.outputs",
     "StageGraph": "vllm_omni.config.stage_config",
     "StageConfig": "vllm_omni.config.stage_config",

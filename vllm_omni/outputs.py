@@ -34,7 +34,7 @@ class OmniRequestOutput:
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     finish_reason: str | None = None
-    audio: torch.Tensor | None = None  # 1-D float32 waveform
+    audio: torch.Tensor | None = None  # float32 waveform: (samples,), or (channels, samples)
     sample_rate: int | None = None
     codec_token_ids: list[int] | None = None  # the speech codes the audio was decoded from
     video: np.ndarray | None = None  # uint8 frames, (frames, height, width, 3)

@@ -42,6 +42,7 @@ FAMILY_PACKAGES = (
     "plain_lm",
     "diffusers_pipeline",
     "diffusers_pipeline.video",
+    "diffusers_pipeline.audio",
 )
 """Modules under vllm_omni/models/ that export a family's `FAMILY`: a family's folder, or a
 package or module inside it where one folder holds related families (Qwen-Image's edits)."""
@@ -203,8 +204,8 @@ def detect_family(folder: str | Path, name: str | None = None) -> ModelFamily:
         raise ValueError(
             f"model: {name!r} is a diffusers pipeline of class {pipeline!r}, which "
             f"{', and '.join(dict.fromkeys(reasons))}; no built-in stage graph serves it (built "
-            f"in: {known}, text-to-image and text-to-video pipelines); pass a stage graph YAML "
-            "with --stage-configs"
+            f"in: {known}, text-to-image, text-to-video and text-to-audio pipelines); pass a stage "
+            "graph YAML with --stage-configs"
         )
     if (folder / "config.json").is_file():
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")

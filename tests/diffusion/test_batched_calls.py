@@ -62,6 +62,16 @@ def test_scalar_timesteps_that_differ_are_expanded_to_the_rows():
     assert join(same, batch.joins).args[1].dim() == 0  # equal: passed once, as it was
 
 
+def test_one_element_timesteps_beside_guidance_rows_are_expanded_too():
+    # Stable Audio passes `t.unsqueeze(0)`, shape (1,), beside two guidance rows (one row
+    # without guidance, where (1,) is that row's own).
+    calls = [Call((torch.zeros(r, 3), torch.tensor([t])), {}) for r, t in ((2, 1.0), (1, 7.0))]
+    (batch,) = partition(calls)
+    assert join(calls, batch.joins).args[1].tolist() == [1.0, 1.0, 7.0]
+    longer = [Call((torch.zeros(3, 3), torch.tensor([t, t])), {}) for t in (1.0, 7.0)]
+    assert len(partition(longer)) == 2  # two values for three rows: neither per row nor one
+
+
 def test_lists_as_long_as_the_rows_are_batched():
     calls = [Call((torch.zeros(r, 2),), {"img_shapes": [(1, r)] * r}) for r in (1, 2)]
     (batch,) = partition(calls)

@@ -12,8 +12,9 @@ model:
   other dimensions, dtype and device must agree; a list as long as the rows is batched too
   (Z-Image takes its latents as a list of per-image tensors, Qwen-Image its image shapes); a
   tuple is one value (CogVideoX-5b's rotary `(cos, sin)`, which two rows would otherwise split);
-- a 0-d tensor (a timestep given as a scalar) that differs between calls is expanded to the
-  call's rows and batched;
+- a 0-d or one-element 1-d tensor (a timestep given as a scalar, or as Stable Audio's `(1,)`
+  beside two guidance rows) that differs between calls is expanded to the call's rows and
+  batched;
 - anything else must be equal in every call, and is passed once.
 
 Calls that differ elsewhere (another latent size, another text length) go into separate
@@ -90,8 +91,13 @@ def _joins(a: Any, b: Any, rows_a: int, rows_b: int) -> str | None:
         return BATCHED if ok and a.dtype == b.dtype and a.device == b.device else None
     if same(a, b):
         return SHARED
-    scalars = torch.is_tensor(a) and torch.is_tensor(b) and a.dim() == b.dim() == 0
-    return EXPANDED if scalars and a.dtype == b.dtype else None
+    scalars = _is_scalar(a) and _is_scalar(b) and a.shape == b.shape
+    return EXPANDED if scalars and a.dtype == b.dtype and a.device == b.device else None
+
+
+def _is_scalar(value: Any) -> bool:
+    """A tensor of one value that the model broadcasts over the rows: 0-d, or 1-d of one."""
+    return torch.is_tensor(value) and value.dim() <= 1 and value.numel() == 1
 
 
 def modes(a: Call, b: Call) -> tuple[str, ...] | None:

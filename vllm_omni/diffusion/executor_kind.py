@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vllm_omni.diffusion.audio_params import AudioSamplingParams, resolve_audio
 from vllm_omni.diffusion.params import (
     INPUT_IMAGES,
     DiffusionSamplingParams,
@@ -81,6 +82,27 @@ class VideoStageInfo(StageInfo):
             raise ValueError(f"frame_step: must be >= 1, got {self.frame_step}")
         if self.num_experts not in (1, 2):
             raise ValueError(f"num_experts: must be 1 or 2, got {self.num_experts}")
+
+
+@dataclass(frozen=True)
+class AudioStageInfo(StageInfo):
+    """A stage that makes audio from a prompt: its sample rate and channels (1 or 2), its
+    default and longest clip in seconds, and its pipeline class (for errors)."""
+
+    sample_rate: int
+    channels: int
+    default_seconds: float
+    max_seconds: float
+    pipeline_class: str
+
+    def __post_init__(self) -> None:
+        if self.channels not in (1, 2):
+            raise ValueError(f"channels: must be 1 or 2, got {self.channels}")
+        if not 0 < self.default_seconds <= self.max_seconds:
+            raise ValueError(
+                f"default_seconds: must be in (0, max_seconds={self.max_seconds}], got "
+                f"{self.default_seconds}"
+            )
 
 
 class ProcessParams(Protocol):
@@ -261,3 +283,27 @@ class VideoKind(ExecutorKind):
 
     def outputs(self, result: Any, info: StageInfo) -> dict[str, Any]:
         return {"video": result["video"], "fps": result["fps"]}
+
+
+class AudioKind(ExecutorKind):
+    """An executor that makes audio from a prompt (a stage whose info is an AudioStageInfo),
+    with AudioSamplingParams: the negative prompt, the length and seed filled in from what the
+    stage declares, `{"audio": (samples,) or (channels, samples), "sample_rate"}` out."""
+
+    params_type = AudioSamplingParams
+    request_options = ("negative_prompt",)
+
+    def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
+        params = params or AudioSamplingParams()
+        negative = inputs.get("negative_prompt")
+        if negative is not None and isinstance(params, AudioSamplingParams):
+            params = replace(params, negative_prompt=negative)
+        return params
+
+    def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
+        assert isinstance(info, AudioStageInfo), info
+        return resolve_audio(params, stage, scheduler, info)
+
+    def outputs(self, result: Any, info: StageInfo) -> dict[str, Any]:
+        assert isinstance(info, AudioStageInfo), info
+        return {"audio": as_tensor(result), "sample_rate": info.sample_rate}

@@ -127,6 +127,25 @@ class DiffusionSamplingParams:
         return params_from_dict(cls, values, "diffusion")
 
 
+def check_shared_fields(params: Any) -> None:
+    """The checks of the fields every kind of request's parameters has (steps, negative prompt,
+    seed, residual-cache threshold, SLO and deadline); raises FieldError naming the field."""
+    steps = params.num_inference_steps
+    if not is_int(steps) or not 1 <= steps <= 1000:
+        raise FieldError("num_inference_steps", f"must be an integer in [1, 1000], got {steps!r}")
+    if params.negative_prompt is not None and not isinstance(params.negative_prompt, str):
+        raise FieldError("negative_prompt", f"must be a string, got {type(params.negative_prompt)}")
+    if params.seed is not None and (not is_int(params.seed) or not 0 <= params.seed < 2**63):
+        raise FieldError("seed", f"must be an integer in [0, 2**63), got {params.seed!r}")
+    t = params.cache_threshold
+    if t is not None and (not is_finite(t) or not 0 <= t <= 1):
+        raise FieldError("cache_threshold", f"must be None or a number in [0, 1], got {t!r}")
+    for name in ("latency_slo_ms", "deadline"):
+        value = getattr(params, name)
+        if value is not None and (not is_finite(value) or value <= 0):
+            raise FieldError(name, f"must be None or a positive number, got {value!r}")
+
+
 def params_from_dict(cls: type, values: dict[str, Any], what: str) -> Any:
     """A parameter dataclass from a dict, refusing a key that is not one of its fields."""
     known = {f.name for f in fields(cls)}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_omni.diffusion.params import (
     check_cache_scheduler,
+    check_shared_fields,
     check_size_multiple,
     is_finite,
     is_int,
@@ -58,11 +59,6 @@ class VideoSamplingParams:
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value <= 0):
                 raise FieldError(name, f"must be a positive integer, got {value!r}")
-        steps = self.num_inference_steps
-        if not is_int(steps) or not 1 <= steps <= 1000:
-            raise FieldError(
-                "num_inference_steps", f"must be an integer in [1, 1000], got {steps!r}"
-            )
         for name in ("guidance_scale", "guidance_scale_2"):
             value = getattr(self, name)
             if (value is not None or name == "guidance_scale") and (
@@ -71,19 +67,7 @@ class VideoSamplingParams:
                 raise FieldError(name, f"must be a number >= 0, got {value!r}")
         if self.fps is not None and (not is_finite(self.fps) or not 0 < self.fps <= 120):
             raise FieldError("fps", f"must be a number in (0, 120], got {self.fps!r}")
-        t = self.cache_threshold
-        if t is not None and (not is_finite(t) or not 0 <= t <= 1):
-            raise FieldError("cache_threshold", f"must be None or a number in [0, 1], got {t!r}")
-        if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
-            raise FieldError(
-                "negative_prompt", f"must be a string, got {type(self.negative_prompt)}"
-            )
-        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise FieldError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
-        for name in ("latency_slo_ms", "deadline"):
-            value = getattr(self, name)
-            if value is not None and (not is_finite(value) or value <= 0):
-                raise FieldError(name, f"must be None or a positive number, got {value!r}")
+        check_shared_fields(self)
 
     @property
     def do_cfg(self) -> bool:

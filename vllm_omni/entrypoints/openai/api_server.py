@@ -6,7 +6,8 @@
 Routes: GET /v1/models, GET /health, GET /metrics, and the routes of what the graph makes -
 its model family's API adapter where it has one (vllm_omni.registry), else the server's
 own for its outputs (images: POST /v1/images/generations and /v1/chat/completions, images.py;
-video: the /v1/videos job API, videos.py).
+video: the /v1/videos job API, videos.py; audio made from a prompt: POST /v1/audio/speech,
+audio.py).
 `--api-key` guards every route. Bad input gets HTTP 400 with an OpenAI-style error body naming
 the field; a client that disconnects cancels its request in every stage.
 """
@@ -29,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm_omni.config.model_defaults import resolve_stage_graph
 from vllm_omni.config.stage_config import StageGraph
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
-from vllm_omni.entrypoints.openai import images, videos
+from vllm_omni.entrypoints.openai import audio, images, videos
 from vllm_omni.entrypoints.openai.metrics import OmniMetrics
 from vllm_omni.entrypoints.openai.protocol import error_body
 from vllm_omni.entrypoints.openai.server_utils import OmniServer, bad_request
@@ -199,7 +200,7 @@ def _add_common_routes(app: FastAPI, server: OmniServer) -> None:
 
 def _add_routes(app: FastAPI, server: OmniServer) -> None:
     """The routes of what the graph makes: its family's adapter where it has one, else the
-    server's own for its output modalities (images)."""
+    server's own for its output modalities (images, videos, audio)."""
     family = families().get(server.graph.model_type or "")
     if family is not None and family.api is not None:
         family.api(app, server)
@@ -207,6 +208,8 @@ def _add_routes(app: FastAPI, server: OmniServer) -> None:
         images.add_routes(app, server)
     elif "video" in server.graph.output_modalities:
         videos.add_routes(app, server)
+    elif "audio" in server.graph.output_modalities:
+        audio.add_routes(app, server)
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

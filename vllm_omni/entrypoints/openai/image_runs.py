@@ -1,67 +1,36 @@
 # SPDX-License-Identifier: Apache-2.0
 """Running an image request's n images through the stage graph, for every image route
-(generations, edits, chat): parameters per image, errors as OpenAI's, metrics, the reply."""
+(generations, edits, chat): parameters per image, metrics, the reply."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import time
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from vllm_omni.diffusion.deadline import DeadlineUnreachable
 from vllm_omni.diffusion.executor_kind import ImageStageInfo
 from vllm_omni.diffusion.params import DiffusionSamplingParams
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
-from vllm_omni.entrypoints.openai.protocol import MAX_SEED, ImageOptions, error_body
-from vllm_omni.entrypoints.openai.server_utils import (
-    ClientDisconnected,
-    OmniServer,
-    cancel_on_disconnect,
-    client_error,
-    gather_or_cancel,
-)
+from vllm_omni.entrypoints.openai.protocol import MAX_SEED, ImageOptions
+from vllm_omni.entrypoints.openai.request_runs import run_requests
+from vllm_omni.entrypoints.openai.server_utils import OmniServer, client_error
 from vllm_omni.errors import FieldError
-from vllm_omni.logger import init_logger
-
-logger = init_logger(__name__)
 
 
 async def run_images(
     server: OmniServer, endpoint: str, request: Request, prompt: dict, body: ImageOptions
 ) -> tuple[list | None, Response | None]:
     """Run body.n images of `prompt`; returns (outputs, None) or (None, error response)."""
-    omni = server.omni
     try:
-        params = diffusion_params(body, omni, server.config)
-        prepared = [omni.prepare(prompt, p) for p in params]  # fail before running anything
+        params = diffusion_params(body, server.omni, server.config)
     except ValueError as e:
         server.metrics.requests.labels(endpoint, "rejected").inc()
         return None, client_error(e)
-    jobs = [omni.run_prepared(*x) for x in prepared]
-    try:
-        return await cancel_on_disconnect(request, gather_or_cancel(*jobs)), None
-    except ClientDisconnected:
-        server.metrics.requests.labels(endpoint, "cancelled").inc()
-        return None, Response(status_code=499)
-    except asyncio.CancelledError:  # the server cancelled the handler (client gone)
-        server.metrics.requests.labels(endpoint, "cancelled").inc()
-        raise
-    except DeadlineUnreachable as e:  # admission control: come back later
-        server.metrics.requests.labels(endpoint, "overloaded").inc()
-        body = error_body(str(e), "latency_slo_ms", kind="rate_limit_exceeded", code=429)
-        return None, JSONResponse(body, 429)
-    except ValueError as e:
-        server.metrics.requests.labels(endpoint, "rejected").inc()
-        return None, client_error(e)
-    except Exception as e:  # a stage failed: report it, keep serving
-        logger.exception("image request failed")
-        server.metrics.requests.labels(endpoint, "failed").inc()
-        return None, JSONResponse(error_body(str(e), kind="internal_error", code=500), 500)
+    return await run_requests(server, endpoint, request, prompt, params)
 
 
 def finished(server: OmniServer, endpoint: str, start: float, num_images: int) -> None:

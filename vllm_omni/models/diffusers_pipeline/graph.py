@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The stage graphs of a pipeline run by its own `__call__`: one process stage, from the prompt's
-text (and an editing pipeline's input images) to images, or from the prompt's text to video."""
+text (and an editing pipeline's input images) to images, or from the prompt's text to video or
+audio."""
 
 from __future__ import annotations
 
@@ -35,4 +36,10 @@ def stage_graph() -> dict[str, Any]:
 def video_graph() -> dict[str, Any]:
     return pipeline_graph(
         "diffusers_video_pipeline", "diffusers_video_pipeline", ("text",), output="video"
+    )
+
+
+def audio_graph() -> dict[str, Any]:
+    return pipeline_graph(
+        "diffusers_audio_pipeline", "diffusers_audio_pipeline", ("text",), output="audio"
     )

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The executors that run a diffusers pipeline's own `__call__`, step-batched, as registered:
-`diffusers_pipeline` (images) and `diffusers_video_pipeline` (videos)."""
+`diffusers_pipeline` (images), `diffusers_video_pipeline` (videos) and
+`diffusers_audio_pipeline` (audio)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from vllm_omni.diffusion.call_loop import CallLoopExecutor
 from vllm_omni.diffusion.config import resolve_device
-from vllm_omni.diffusion.executor_kind import ImageKind, StageInfo, VideoKind
+from vllm_omni.diffusion.executor_kind import AudioKind, ImageKind, StageInfo, VideoKind
 from vllm_omni.diffusion.params import DiffusionSamplingParams, check_input_images
 from vllm_omni.diffusion.pipeline_loader import stage_pipeline
 from vllm_omni.errors import FieldError
@@ -93,3 +94,17 @@ class PipelineVideoKind(VideoKind):
         device = resolve_device(config.device)
         pipe = stage_pipeline(config, device, pipe)
         return CallLoopExecutor(config, cache, VideoPipelineCalls(pipe))
+
+
+class PipelineAudioKind(AudioKind):
+    """A text-to-audio pipeline run by its own `__call__` per request, step-batched by the
+    framework's call loop as the image pipelines are."""
+
+    name = "diffusers_audio_pipeline"
+
+    def build(self, config, cache, pipe: Any = None):
+        from vllm_omni.models.diffusers_pipeline.audio_calls import AudioPipelineCalls
+
+        device = resolve_device(config.device)
+        pipe = stage_pipeline(config, device, pipe)
+        return CallLoopExecutor(config, cache, AudioPipelineCalls(pipe))

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which diffusers pipelines are served by their own `__call__`: one that makes an image from a
-prompt, optionally editing input images (`image`), or a video from a prompt (`num_frames`)."""
+prompt, optionally editing input images (`image`), a video from a prompt (`num_frames`), or a
+clip of audio from a prompt (its length in seconds)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ INPUT_MEDIA_ARGS = ("mask_image", "control_image", "video", "num_frames", "audio
 """Arguments of pipelines that take or make other media (inpainting, control, video, audio)."""
 TEXT_TO_VIDEO_ARGS = (*TEXT_TO_IMAGE_ARGS, "num_frames", "output_type")
 """What the executor passes to every video pipeline it serves (`output_type`: frames as arrays)."""
+DURATION_ARGS = ("audio_end_in_s", "audio_length_in_s")
+"""How audio pipelines name the clip's length in seconds (Stable Audio's, AudioLDM's)."""
+TEXT_TO_AUDIO_ARGS = ("prompt", "num_inference_steps", "generator")
+"""What the executor passes to every audio pipeline it serves, beside the clip's length."""
 IMAGE_ARG = "image"
 """The input image(s) of a pipeline that edits images."""
 
@@ -64,3 +69,18 @@ def check_text_to_video(class_name: str) -> None:
     missing = [name for name in TEXT_TO_VIDEO_ARGS if name not in args]
     if missing:
         raise ValueError(f"is not a text-to-video pipeline (its __call__ takes no {missing})")
+
+
+def check_text_to_audio(class_name: str) -> None:
+    """Raise ValueError saying why diffusers' `class_name` cannot be served as an audio pipeline
+    (the reason reads after "... of class X, which"): it must make a clip of a requested length
+    from a prompt alone."""
+    args = _pipeline_call_args(class_name)
+    if not any(name in args for name in DURATION_ARGS):
+        raise ValueError(f"makes no audio clip (its __call__ takes none of {list(DURATION_ARGS)})")
+    media = [name for name in (IMAGE_ARG, *INPUT_MEDIA_ARGS) if name in args]
+    if media:
+        raise ValueError(f"takes {media[0]!r}: only text-to-audio pipelines are served as audio")
+    missing = [name for name in TEXT_TO_AUDIO_ARGS if name not in args]
+    if missing:
+        raise ValueError(f"is not a text-to-audio pipeline (its __call__ takes no {missing})")
