@@ -164,6 +164,8 @@ def test_which_server_a_local_folder_goes_to(tmp_path) -> None:
     assert not is_multi_stage(str(gguf))  # left to vLLM
     edit = tmp_path / "edit"
     edit.mkdir()
-    (edit / "model_index.json").write_text(json.dumps({"_class_name": "CogVideoXPipeline"}))
-    with pytest.raises(SystemExit, match="class 'CogVideoXPipeline', which takes 'num_frames'"):
+    (edit / "model_index.json").write_text(
+        json.dumps({"_class_name": "StableDiffusionInpaintPipeline"})
+    )
+    with pytest.raises(SystemExit, match="'StableDiffusionInpaintPipeline', which takes 'mask_"):
         is_multi_stage(str(edit))

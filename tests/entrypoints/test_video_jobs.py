@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vllm_omni.engine.request_run import StageDelta, StageEvent
-from vllm_omni.entrypoints.openai.video_jobs import TooManyJobs, VideoJobs
+from vllm_omni.entrypoints.openai.video_jobs import TooManyJobs, VideoJob, VideoJobs
 from vllm_omni.errors import FieldError
 from vllm_omni.outputs import OmniRequestOutput
 from vllm_omni.video_file import decode_mp4
@@ -173,3 +173,48 @@ def test_more_pending_jobs_than_the_limit_are_refused() -> None:
 
     page, more, running = asyncio.run(run())
     assert more and page[0].id not in {job.id for job in running}
+
+
+def test_a_restarted_server_serves_the_videos_finished_before(tmp_path) -> None:
+    """On a video folder of its own (`--video-dir`), a store started again lists and serves the
+    jobs that finished, failed ones included; the job running at shutdown and the one a killed
+    server left queued come back failed, saying the server stopped; expired ones are gone."""
+    clock = Clock()
+
+    async def first_run():
+        jobs, _ = store(clock, folder=tmp_path)
+        done, failed = make(jobs, shade=50), make(jobs, "fail")
+        await finish(done)
+        await finish(failed)
+        running = make(jobs, "hang")
+        await asyncio.sleep(0.01)
+        await jobs.shutdown()
+        return done, failed, running
+
+    done, failed, running = asyncio.run(first_run())
+    # A server killed with a job queued: its record says queued (written before it ran).
+    killed, _ = store(clock, folder=tmp_path)
+    queued = VideoJob("video_lost", "m", "a dog", "16x16", "0.6", int(clock.now))
+    killed.records.save(queued.record())
+    killed.records.close()
+    clock.now += 30
+
+    async def second_run():
+        jobs, _ = store(clock, folder=tmp_path)
+        listed, _ = jobs.list(None, 10, newest_first=False)
+        return jobs, {job.id: job.as_dict() for job in listed}, jobs.get(done.id)
+
+    jobs, listed, again = asyncio.run(second_run())
+    assert list(listed) == [done.id, failed.id, running.id, "video_lost"]
+    assert listed[done.id]["status"] == "completed" and listed[done.id]["progress"] == 100
+    mp4 = again.path
+    frames, _ = decode_mp4(mp4.read_bytes())
+    assert abs(int(frames.mean()) - 50) <= 2
+    assert listed[failed.id]["error"]["message"] == "seed: bad seed"
+    for stopped in (running.id, "video_lost"):
+        assert listed[stopped]["status"] == "failed"
+        assert listed[stopped]["error"]["code"] == "server_stopped", listed[stopped]
+    clock.now += 61  # past every TTL: the jobs and their MP4 go
+    assert jobs.list(None, 10, newest_first=False)[0] == []
+    assert not mp4.exists()
+    assert tmp_path.is_dir()  # the user's folder stays

@@ -3,8 +3,9 @@
 a hub cache, offline), each request running the pipeline's own call, step-batched: OmniLLM's
 frames equal the pipeline's own call for that prompt and seed alone, with requests of other step
 counts, seeds, guidance, negative prompts and shapes in flight together, and the requests share
-denoising steps; `vllm serve` runs it as /v1/videos jobs whose MP4 holds those frames; a frame
-count the VAE cannot make is refused naming the field."""
+denoising steps; `vllm serve` runs it as /v1/videos jobs whose MP4 holds those frames, kept in
+`--video-dir` for a server started again on it; a frame count the VAE cannot make is refused
+naming the field."""
 
 from __future__ import annotations
 
@@ -68,8 +69,10 @@ def test_frame_counts_the_vae_cannot_make_are_refused(omni):
         omni.generate(["a cat"], VideoSamplingParams(num_inference_steps=1, cache_threshold=0.1))
 
 
-def test_serve_makes_video_jobs(hub_env, tiny_models):
-    command = [str(BIN / "vllm"), "serve", "THUDM/CogVideoX-2b", "--omni"]  # the release's old id
+def test_serve_makes_video_jobs_that_outlive_the_server(hub_env, tiny_models, tmp_path):
+    # The release's old id; the videos and the jobs' records in a folder of the user's.
+    command = [str(BIN / "vllm"), "serve", "THUDM/CogVideoX-2b", "--omni"]
+    command += ["--video-dir", str(tmp_path / "videos")]
     with ServerProcess(command, env=hub_env) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
         video = client.videos.create_and_poll(
@@ -80,14 +83,21 @@ def test_serve_makes_video_jobs(hub_env, tiny_models):
             poll_interval_ms=50,
         )
         assert video.status == "completed", video
-        frames, fps = decode_mp4(client.videos.download_content(video.id).read())
+        mp4 = client.videos.download_content(video.id).read()
         bad = requests.post(
             f"{server.url}/v1/videos",
             data={"prompt": "a cat", "num_frames": "13", "size": "64x64"},
             timeout=30,
         )
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "num_frames", bad.text
+    frames, fps = decode_mp4(mp4)
     assert frames.shape == (17, 64, 64, 3) and fps == 16.0
     p = VideoSamplingParams(num_frames=17, height=64, width=64, num_inference_steps=2, seed=3)
     theirs = decode_mp4(encode_mp4(pipeline_video(tiny_models["cogvideox"], "a red cat", p), 16.0))
     assert np.abs(frames.astype(int) - theirs[0].astype(int)).mean() <= MAX_MEAN_DIFF
+    # Started again on the folder, a server lists the job and serves its video.
+    with ServerProcess(command, env=hub_env) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        assert [v.id for v in client.videos.list()] == [video.id]
+        assert client.videos.retrieve(video.id).status == "completed"
+        assert client.videos.download_content(video.id).read() == mp4

@@ -138,6 +138,13 @@ class OmniServeCommand(ServeSubcommand):
             default=DEFAULT_MAX_VIDEO_JOBS,
             help="video jobs queued or running at once; more are refused with HTTP 429",
         )
+        videos.add_argument(
+            "--video-dir",
+            default=None,
+            help="folder of the finished MP4s and the jobs' records (SQLite), kept across "
+            "restarts: a server started again on it serves the videos finished before, within "
+            "--video-ttl (default: a temporary folder, removed when the server stops)",
+        )
         return parser
 
     def validate(self, args: argparse.Namespace) -> None:
@@ -258,6 +265,7 @@ def server_config(args: argparse.Namespace):
         video_ttl_s=args.video_ttl,
         max_video_storage_mb=args.max_video_storage_mb,
         max_video_jobs=args.max_video_jobs,
+        video_dir=args.video_dir,
         stage_configs=args.stage_configs,
         stage_overrides=overrides,
         revision=args.revision,

@@ -63,6 +63,9 @@ class ServerConfig:
     """Disk the finished videos may take; the oldest expire first to make room."""
     max_video_jobs: int = DEFAULT_MAX_VIDEO_JOBS
     """Video jobs queued or running at once; more are refused (429)."""
+    video_dir: str | None = None
+    """The folder of finished videos and the jobs' records, kept across restarts (None: a
+    temporary one)."""
     graph: StageGraph | None = None
     """The resolved stage graph (`vllm serve` resolves it once); None: resolved from the fields
     below when the app is built."""

@@ -7,6 +7,11 @@ progress, then completed (its MP4 on disk) or failed (saying why). Deleting a jo
 wherever it is, which aborts it in its stage and frees its DiT state. Finished jobs expire
 `ttl_s` after they finish; when a new video would push the results past `max_bytes` on disk,
 the oldest finished jobs expire first. At most `max_pending` jobs are queued or running.
+
+The MP4s and the jobs' records (SQLite: video_records.py) live in `folder`. Given one
+(`--video-dir`), they outlive the server: started again on it, a server lists and serves the
+videos finished before, within their TTL, and the jobs that were queued or running when it
+stopped come back failed, saying so. Without one, a temporary folder, removed at shutdown.
 """
 
 from __future__ import annotations
@@ -23,12 +28,18 @@ from typing import Any
 
 from vllm_omni.engine.request_run import StageDelta, StageEvent
 from vllm_omni.entrypoints.async_omni_llm import AsyncOmniLLM
+from vllm_omni.entrypoints.openai.video_records import COLUMNS, VideoRecords
 from vllm_omni.logger import init_logger
 from vllm_omni.video_file import encode_mp4
 
 logger = init_logger(__name__)
 
 QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "failed"
+STOPPED = {
+    "code": "server_stopped",
+    "message": "the server stopped before this job finished; create it again",
+}
+"""The error of a job that was queued or running when its server stopped."""
 
 
 class TooManyJobs(Exception):
@@ -58,6 +69,10 @@ class VideoJob:
     def finished(self) -> bool:
         return self.status in (COMPLETED, FAILED)
 
+    def record(self) -> dict[str, Any]:
+        """What outlives the server (VideoRecords' columns)."""
+        return {name: getattr(self, name) for name in COLUMNS}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -86,13 +101,34 @@ class VideoJobs:
         max_pending: int,
         is_client_error: Callable[[Exception], bool],
         clock: Callable[[], float] = time.time,
+        folder: Path | None = None,
     ) -> None:
         self.omni = omni
         self.ttl_s, self.max_bytes, self.max_pending = ttl_s, max_bytes, max_pending
         self.is_client_error = is_client_error
         self.clock = clock
-        self.folder = Path(tempfile.mkdtemp(prefix="vllm_omni_videos_"))
+        self.durable = folder is not None
+        if folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="vllm_omni_videos_"))
+        else:
+            self.folder = Path(folder)
+            self.folder.mkdir(parents=True, exist_ok=True)
+        self.records = VideoRecords(self.folder)
         self.jobs: dict[str, VideoJob] = {}  # in creation order
+        self._restore()
+
+    def _restore(self) -> None:
+        """The jobs of an earlier run on this folder: unfinished ones failed, saying so;
+        completed ones whose MP4 is gone and expired ones dropped."""
+        for record in self.records.rows():
+            job = VideoJob(**record)
+            if not job.finished:
+                self._finish(job, FAILED, error=STOPPED)
+            if job.status == COMPLETED and (job.path is None or not job.path.is_file()):
+                self.records.delete(job.id)
+                continue
+            self.jobs[job.id] = job
+        self.expire()
 
     # ------------------------------------------------------------------ the API's verbs
     def create(self, model: str, prompt: str, size: str, seconds: str, prepared: tuple) -> VideoJob:
@@ -106,6 +142,7 @@ class VideoJobs:
             )
         job = VideoJob(f"video_{uuid.uuid4().hex}", model, prompt, size, seconds, int(self.clock()))
         self.jobs[job.id] = job
+        self.records.save(job.record())
         job.task = asyncio.create_task(self._run(job, *prepared), name=job.id)
         return job
 
@@ -142,6 +179,7 @@ class VideoJobs:
         def on_event(event: StageEvent | StageDelta) -> None:
             if isinstance(event, StageEvent) and event.status == "started":
                 job.status = IN_PROGRESS
+                self.records.save(job.record())
             elif isinstance(event, StageDelta) and "progress" in event.data:
                 job.status = IN_PROGRESS  # 100 only once the file is written
                 job.progress = min(99, int(event.data["progress"] * 100))
@@ -178,6 +216,7 @@ class VideoJobs:
         job.status, job.error = status, error
         job.completed_at = now
         job.expires_at = now + int(self.ttl_s)
+        self.records.save(job.record())
 
     def _make_room(self, num_bytes: int) -> None:
         """Expire the oldest finished videos until `num_bytes` more fit."""
@@ -201,6 +240,7 @@ class VideoJobs:
 
     def _remove(self, job: VideoJob) -> None:
         self.jobs.pop(job.id, None)
+        self.records.delete(job.id)
         if job.path is not None:
             job.path.unlink(missing_ok=True)
             job.path = None
@@ -212,10 +252,19 @@ class VideoJobs:
         self._remove(job)
 
     async def shutdown(self) -> None:
+        """Cancel the jobs in flight; keep the finished ones where the folder is the user's
+        (the cancelled ones recorded as failed: the server stopped), else remove it all."""
         for job in list(self.jobs.values()):
-            await self._end(job)
+            if not self.durable:
+                await self._end(job)
+            elif job.task is not None and not job.task.done():
+                job.task.cancel()
+                await asyncio.gather(job.task, return_exceptions=True)
+                self._finish(job, FAILED, error=STOPPED)
         self.jobs.clear()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.records.close()
+        if not self.durable:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     @property
     def stored_bytes(self) -> int:

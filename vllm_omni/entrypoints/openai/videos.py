@@ -13,6 +13,7 @@ the field, before any job exists; a full queue is a 429.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
@@ -56,6 +57,7 @@ class _JobStore:
                 max_bytes=config.max_video_storage_mb * 2**20,
                 max_pending=config.max_video_jobs,
                 is_client_error=is_client_error,
+                folder=Path(config.video_dir) if config.video_dir else None,
             )
         return self.jobs
 
