@@ -17,7 +17,9 @@ run writes the same bytes:
 - `flux-dev`, `flux-schnell`: `diffusers.FluxPipeline` folders (CLIP and T5, Flux's MMDiT with
   and without guidance embedding, VAE), `sana`: `SanaPipeline` (Gemma2, Sana's linear DiT, the
   deep-compression VAE), `lumina2`: `Lumina2Pipeline` (Gemma2, Lumina's DiT, VAE).
+- `flux2-klein`: a `diffusers.Flux2KleinPipeline` folder (Qwen3, the FLUX.2 DiT and VAE).
 - `cogvideox`: a `diffusers.CogVideoXPipeline` folder (T5, CogVideoX's DiT, its causal 3-D VAE).
+- `stable-audio`: a `diffusers.StableAudioPipeline` folder (T5, Stable Audio's DiT, Oobleck VAE).
 - `z-image`: a `diffusers.ZImagePipeline` folder (Qwen3 text encoder, single-stream DiT, VAE).
 - `wan2.1-t2v`, `wan2.2-t2v`, `wan2.1-i2v`: `diffusers.WanPipeline` (one expert; Wan2.2's two)
   and `WanImageToVideoPipeline` folders (UMT5 text encoder, Wan DiT, Wan's 3-D VAE; CLIP vision).

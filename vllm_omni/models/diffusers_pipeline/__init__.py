@@ -8,6 +8,7 @@ from vllm_omni.models.diffusers_pipeline.kinds import PipelineCallKind
 from vllm_omni.models.diffusers_pipeline.signature import check_text_to_image
 from vllm_omni.models.diffusers_pipeline.tiny import build_sd3
 from vllm_omni.models.diffusers_pipeline.tiny_flux import build_flux_dev, build_flux_schnell
+from vllm_omni.models.diffusers_pipeline.tiny_flux2 import build_flux2_klein
 from vllm_omni.models.diffusers_pipeline.tiny_gemma import build_lumina2, build_sana
 from vllm_omni.registry import ANY_PIPELINE, ModelFamily, TinyModel
 
@@ -20,6 +21,7 @@ FAMILY = ModelFamily(
         "sd3": TinyModel(build_sd3, ("stabilityai/stable-diffusion-3.5-medium",)),
         "flux-dev": TinyModel(build_flux_dev, ("black-forest-labs/FLUX.1-dev",)),
         "flux-schnell": TinyModel(build_flux_schnell, ("black-forest-labs/FLUX.1-schnell",)),
+        "flux2-klein": TinyModel(build_flux2_klein, ("black-forest-labs/FLUX.2-klein-4B",)),
         "sana": TinyModel(build_sana, ("Efficient-Large-Model/Sana_1600M_1024px_diffusers",)),
         "lumina2": TinyModel(build_lumina2, ("Alpha-VLLM/Lumina-Image-2.0",)),
     },

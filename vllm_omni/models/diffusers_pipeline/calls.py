@@ -23,6 +23,10 @@ FALLBACK_SIZE = 1024
 """Default image side for a pipeline that does not say its own (`default_sample_size`)."""
 DENOISERS = ("transformer", "unet")
 """The pipeline components that denoise, in the order they are looked for."""
+EDITS = "Edit"
+"""In the class name of a pipeline that needs an input image (`QwenImageEditPipeline`): the
+others that take `image` make an image from the prompt alone too (FLUX.2's, Kontext's reference
+images). The signature cannot tell them apart: both default `image` to None."""
 
 
 def default_size(pipe: Any) -> tuple[int, int]:
@@ -79,6 +83,7 @@ class ImagePipelineCalls(OwnCallPipeline):
             refuses=frozenset(OPTIONAL_ARGS) - self.call_args,
             # One: an editing pipeline given a list of images may take it as a batch of edits.
             max_input_images=1 if IMAGE_ARG in self.call_args else 0,
+            needs_image=IMAGE_ARG in self.call_args and EDITS in type(pipe).__name__,
         )
 
     @property

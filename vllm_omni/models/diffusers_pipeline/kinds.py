@@ -54,7 +54,7 @@ class PipelineCallKind(ImageKind):
         images = inputs.get(IMAGE_ARG)
         edits = IMAGE_ARG in info.call_args
         if images is None:
-            if edits:
+            if info.needs_image:
                 raise FieldError(IMAGE_ARG, f"{info.pipeline_class} edits an image: give one")
             return params
         if not edits:
