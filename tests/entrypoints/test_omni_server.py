@@ -52,6 +52,8 @@ def server(hub_env):
         "--dit-scheduling-policy",
         "deadline",
         "--dit-admission-control",
+        "--shutdown-timeout",  # the last test: SIGTERM lets the request in flight finish
+        "60",
     ]
     with ServerProcess(command, env=hub_env, api_key=API_KEY) as server:
         yield server
@@ -422,3 +424,30 @@ def test_fuzz_request_bodies_from_the_published_schema(
     assert tally.valid == POSITIVE_EXAMPLES and tally.invalid == NEGATIVE_EXAMPLES
     assert tally.accepted_fraction >= MIN_ACCEPTED, tally
     assert requests.get(f"{server.url}/health", headers=server.headers).status_code == 200
+
+
+def test_sigterm_lets_the_request_in_flight_finish(server) -> None:
+    """Last in this module: the server stops. With --shutdown-timeout, a request running at
+    SIGTERM gets its image, and then the server exits, its stages with it."""
+    import psutil
+
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    body = {"prompt": "a slow cat", "size": "512x512", "num_inference_steps": 30}
+    reply: dict = {}
+
+    def request() -> None:
+        url = f"{server.url}/v1/images/generations"
+        reply["response"] = requests.post(url, json=body, headers=server.headers, timeout=120)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while _metric(server, "vllm_omni:stage_requests_running", stage="dit") < 1:
+        assert time.monotonic() < deadline, "the request never reached the DiT stage"
+        time.sleep(0.05)
+    server.proc.terminate()
+    thread.join(timeout=120)
+    assert reply["response"].status_code == 200, reply["response"].text
+    assert len(reply["response"].json()["data"]) == 1
+    assert server.proc.wait(timeout=60) is not None
+    assert not [c.pid for c in children if c.is_running() and c.status() != "zombie"]

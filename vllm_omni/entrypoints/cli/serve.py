@@ -266,6 +266,7 @@ def server_config(args: argparse.Namespace):
         max_video_storage_mb=args.max_video_storage_mb,
         max_video_jobs=args.max_video_jobs,
         video_dir=args.video_dir,
+        shutdown_timeout=args.shutdown_timeout,
         stage_configs=args.stage_configs,
         stage_overrides=overrides,
         revision=args.revision,

@@ -66,6 +66,9 @@ class ServerConfig:
     video_dir: str | None = None
     """The folder of finished videos and the jobs' records, kept across restarts (None: a
     temporary one)."""
+    shutdown_timeout: float = 0
+    """Seconds the requests in flight at SIGTERM (or SIGINT) may take to finish before they are
+    cancelled and the stages stop (vLLM's `--shutdown-timeout`; 0: cancelled at once)."""
     graph: StageGraph | None = None
     """The resolved stage graph (`vllm serve` resolves it once); None: resolved from the fields
     below when the app is built."""
@@ -235,6 +238,15 @@ def _integer_bounds(node: Any) -> None:
 
 
 def run_server(config: ServerConfig, host: str | None, port: int, log_level: str = "info") -> None:
+    """Serve until SIGTERM or SIGINT: then no new connection is taken, the requests in flight
+    get `config.shutdown_timeout` seconds to finish (uvicorn's graceful shutdown), and the
+    stages stop (the lifespan's end)."""
     import uvicorn
 
-    uvicorn.run(build_app(config), host=host or "0.0.0.0", port=port, log_level=log_level)
+    uvicorn.run(
+        build_app(config),
+        host=host or "0.0.0.0",
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=config.shutdown_timeout,
+    )
