@@ -190,6 +190,15 @@ class ExecutorKind:
         """Fill in what the request left open (size, seed); raise ValueError naming the field."""
         raise NotImplementedError
 
+    def with_negative_prompt(self, params: Any, inputs: Mapping[str, Any]) -> Any:
+        """`params` (the kind's defaults for None) with the prompt mapping's negative prompt
+        where it gives one; parameters of another type are left for `validate` to refuse."""
+        params = params or self.params_type()
+        negative = inputs.get("negative_prompt")
+        if negative is not None and isinstance(params, self.params_type):
+            params = replace(params, negative_prompt=negative)
+        return params
+
     def prompt_inputs(self, params: Any) -> dict[str, Any]:
         """Fields the validated parameters add to the request's prompt inputs (what the stages
         before this one must encode, e.g. a negative prompt given in the parameters)."""
@@ -259,10 +268,7 @@ class VideoKind(ExecutorKind):
     def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
         """The negative prompt; image-to-video's first frame, which it needs (one image)."""
         assert isinstance(info, VideoStageInfo), info
-        params = params or VideoSamplingParams()
-        negative = inputs.get("negative_prompt")
-        if negative is not None and isinstance(params, VideoSamplingParams):
-            params = replace(params, negative_prompt=negative)
+        params = self.with_negative_prompt(params, inputs)
         image = inputs.get(INPUT_IMAGES)
         if image is None:
             if info.image_to_video:
@@ -294,11 +300,7 @@ class AudioKind(ExecutorKind):
     request_options = ("negative_prompt",)
 
     def apply_options(self, params: Any, inputs: Mapping[str, Any], info: StageInfo) -> Any:
-        params = params or AudioSamplingParams()
-        negative = inputs.get("negative_prompt")
-        if negative is not None and isinstance(params, AudioSamplingParams):
-            params = replace(params, negative_prompt=negative)
-        return params
+        return self.with_negative_prompt(params, inputs)
 
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
         assert isinstance(info, AudioStageInfo), info

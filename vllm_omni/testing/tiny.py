@@ -78,11 +78,13 @@ def generator_hash(name: str) -> str:
 
 
 def _generator_sources(name: str) -> list[Path]:
-    """This module, the tokenizer, the shared helpers and the builder modules of the model's
-    family (`tiny*.py` beside its builder's: a builder may use its siblings' parts)."""
+    """This module, the tokenizer, the shared helpers (`tiny_common.py`, and the `tiny*.py`
+    that families share under vllm_omni/models/) and the builder modules of the model's family
+    (`tiny*.py` beside its builder's: a builder may use its siblings' parts)."""
     builder = Path(sys.modules[tiny_models()[name].build.__module__].__file__)
     family = sorted(builder.parent.glob("tiny*.py"))
-    paths = [Path(tt.__file__), Path(tiny_common.__file__), *family]
+    shared = sorted((Path(tiny_common.__file__).parents[1] / "models").glob("tiny*.py"))
+    paths = [Path(tt.__file__), Path(tiny_common.__file__), *shared, *family]
     sources = [Path(__file__)]
     for path in paths:
         if path not in sources:

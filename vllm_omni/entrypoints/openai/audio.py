@@ -9,6 +9,7 @@ prompt. The clip's seed comes back in `x-seed`."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Literal
 
@@ -80,7 +81,10 @@ def add_routes(app: FastAPI, server: OmniServer) -> None:
         if error is not None:
             return error
         (out,) = outputs
-        data = encode_audio(out.audio, out.sample_rate, body.response_format)
+        # Off the event loop: a long clip's mp3 or aac takes a while to encode.
+        data = await asyncio.to_thread(
+            encode_audio, out.audio, out.sample_rate, body.response_format
+        )
         server.metrics.requests.labels("speech", "finished").inc()
         server.metrics.latency.labels("speech").observe(time.monotonic() - start)
         headers = {"x-seed": str(out.seed)}

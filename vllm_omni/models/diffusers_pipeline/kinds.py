@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +20,14 @@ from vllm_omni.models.diffusers_pipeline.info import PipelineStageInfo
 from vllm_omni.models.diffusers_pipeline.signature import IMAGE_ARG
 
 
+def call_loop(config, cache, pipe: Any, calls: Callable[[Any], Any]) -> CallLoopExecutor:
+    """A stage's executor: its pipeline (loaded as its config says, or `pipe` moved to its
+    device) run by its own call per request, as `calls` (the pipeline -> its PipelineCalls)
+    describes it."""
+    pipe = stage_pipeline(config, resolve_device(config.device), pipe)
+    return CallLoopExecutor(config, cache, calls(pipe))
+
+
 class PipelineCallKind(ImageKind):
     """Each request runs the pipeline's own `__call__`; the framework's call loop batches the
     denoiser calls of the requests at a step (`step` scheduling: they join and leave at step
@@ -31,9 +39,7 @@ class PipelineCallKind(ImageKind):
     def build(self, config, cache, pipe: Any = None):
         from vllm_omni.models.diffusers_pipeline.calls import ImagePipelineCalls
 
-        device = resolve_device(config.device)
-        pipe = stage_pipeline(config, device, pipe)
-        return CallLoopExecutor(config, cache, ImagePipelineCalls(pipe))
+        return call_loop(config, cache, pipe, ImagePipelineCalls)
 
     def validate(self, params: Any, stage: str, scheduler: str, info: StageInfo) -> Any:
         params = super().validate(params, stage, scheduler, info)
@@ -91,9 +97,7 @@ class PipelineVideoKind(VideoKind):
     def build(self, config, cache, pipe: Any = None):
         from vllm_omni.models.diffusers_pipeline.video_calls import VideoPipelineCalls
 
-        device = resolve_device(config.device)
-        pipe = stage_pipeline(config, device, pipe)
-        return CallLoopExecutor(config, cache, VideoPipelineCalls(pipe))
+        return call_loop(config, cache, pipe, VideoPipelineCalls)
 
 
 class PipelineAudioKind(AudioKind):
@@ -105,6 +109,4 @@ class PipelineAudioKind(AudioKind):
     def build(self, config, cache, pipe: Any = None):
         from vllm_omni.models.diffusers_pipeline.audio_calls import AudioPipelineCalls
 
-        device = resolve_device(config.device)
-        pipe = stage_pipeline(config, device, pipe)
-        return CallLoopExecutor(config, cache, AudioPipelineCalls(pipe))
+        return call_loop(config, cache, pipe, AudioPipelineCalls)

@@ -42,6 +42,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_omni.models.diffusers_pipeline.tiny import resave_sharded, rewrite_index
+from vllm_omni.models.tiny_qwen3 import qwen3_text_encoder
 from vllm_omni.testing import tiny_tokenizer as tt
 from vllm_omni.testing.tiny_common import randomize_
 
@@ -81,33 +82,18 @@ def _qwen3_tokenizer(folder: Path):
 
 
 def _qwen3_text_encoder():
-    """Qwen3 as the release's (grouped-query attention, q/k norms, SwiGLU MLP, tied embedding),
-    28 layers of 2 query heads of 16 sharing 1 key/value head, the MLP 2x wide."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=tt.VOCAB_SIZE,
-        hidden_size=FLUX2_TEXT_HIDDEN,
-        intermediate_size=2 * FLUX2_TEXT_HIDDEN,
-        num_hidden_layers=FLUX2_TEXT_LAYERS,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+    """Qwen3 as the release's, 28 layers of 2 query heads of 16 sharing 1 key/value head, the
+    MLP 2x wide."""
+    return qwen3_text_encoder(
+        width=FLUX2_TEXT_HIDDEN,
+        mlp_width=2 * FLUX2_TEXT_HIDDEN,
+        layers=FLUX2_TEXT_LAYERS,
+        heads=2,
         head_dim=16,
-        max_position_embeddings=FLUX2_TEXT_MAX_POSITIONS,
-        max_window_layers=FLUX2_TEXT_LAYERS,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        tie_word_embeddings=True,
-        bos_token_id=tt.token_id(tt.ENDOFTEXT, TOKENIZER),
-        eos_token_id=tt.token_id(tt.IM_END, TOKENIZER),
-        pad_token_id=tt.token_id(tt.ENDOFTEXT, TOKENIZER),
-        dtype="float32",
+        max_positions=FLUX2_TEXT_MAX_POSITIONS,
+        seed=FLUX2_KLEIN_SEED,
+        flavor=TOKENIZER,
     )
-    torch.manual_seed(FLUX2_KLEIN_SEED)
-    model = Qwen3ForCausalLM(config)
-    randomize_(model, FLUX2_KLEIN_SEED)  # the tied output projection is the (std 1) embedding
-    return model
 
 
 def _flux2_transformer():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_omni.models.tiny_qwen3 import qwen3_text_encoder
 from vllm_omni.testing import tiny_tokenizer as tt
 from vllm_omni.testing.tiny_common import randomize_, tiny_autoencoder_kl
 
@@ -38,32 +39,16 @@ Z_IMAGE_QK_GAIN = 3.0
 
 def _z_image_text_encoder():
     """Qwen3 with the release's shape ratios (GQA, q/k norms, tied embedding), 2 layers."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     head_dim = 64  # vLLM's CPU attention rejects smaller; this encoder also runs in vLLM
-    config = Qwen3Config(
-        vocab_size=tt.VOCAB_SIZE,
-        hidden_size=Z_IMAGE_TEXT_HIDDEN,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=Z_IMAGE_TEXT_HIDDEN // head_dim,
-        num_key_value_heads=1,
+    return qwen3_text_encoder(
+        width=Z_IMAGE_TEXT_HIDDEN,
+        mlp_width=256,
+        layers=2,
+        heads=Z_IMAGE_TEXT_HIDDEN // head_dim,
         head_dim=head_dim,
-        max_position_embeddings=8192,
-        max_window_layers=2,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        tie_word_embeddings=True,
-        bos_token_id=tt.token_id(tt.ENDOFTEXT),
-        eos_token_id=tt.token_id(tt.IM_END),
-        pad_token_id=tt.token_id(tt.ENDOFTEXT),
-        dtype="float32",
+        max_positions=8192,
+        seed=Z_IMAGE_SEED,
     )
-    torch.manual_seed(Z_IMAGE_SEED)
-    model = Qwen3ForCausalLM(config)
-    randomize_(model, Z_IMAGE_SEED)  # the tied output projection is the (std 1) embedding
-    return model
 
 
 def _z_image_transformer():
